@@ -1,0 +1,78 @@
+"""A fixed-capacity KV cache with a per-row valid length.
+
+Slot ``s`` of row ``b`` holds the key/value of position ``s``. A forward pass *writes* its block at the row's
+current length without moving it; the caller then *commits* the accepted prefix (or nothing, a rollback) by
+advancing ``lengths``. Slots at or past ``lengths`` are dead: attention masks them and the next write
+overwrites them. Nothing is ever copied to roll back, which is what Jacobi decoding needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from jf_jax.config import ModelConfig
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class KVCache:
+    k: jax.Array
+    """[L, B, S, K, Dh] rotated keys."""
+    v: jax.Array
+    """[L, B, S, K, Dh] values."""
+    lengths: jax.Array
+    """[B] int32: number of committed (valid) slots per row."""
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+    @property
+    def batch_size(self) -> int:
+        return self.k.shape[1]
+
+    @staticmethod
+    def shape(cfg: ModelConfig, batch_size: int, capacity: int) -> tuple[int, ...]:
+        return (cfg.num_layers, batch_size, capacity, cfg.num_kv_heads, cfg.head_dim)
+
+    @classmethod
+    def init(cls, cfg: ModelConfig, batch_size: int, capacity: int) -> "KVCache":
+        if capacity > cfg.max_position_embeddings:
+            raise ValueError(f"KV cache capacity {capacity} exceeds the model context "
+                             f"({cfg.max_position_embeddings} positions)")
+        shape = cls.shape(cfg, batch_size, capacity)
+        return cls(k=jnp.zeros(shape, cfg.compute_dtype), v=jnp.zeros(shape, cfg.compute_dtype),
+                   lengths=jnp.zeros((batch_size,), jnp.int32))
+
+    @classmethod
+    def abstract(cls, cfg: ModelConfig, batch_size: int, capacity: int) -> "KVCache":
+        shape = cls.shape(cfg, batch_size, capacity)
+        kv = jax.ShapeDtypeStruct(shape, cfg.compute_dtype)
+        return cls(k=kv, v=kv, lengths=jax.ShapeDtypeStruct((batch_size,), jnp.int32))
+
+    def write(self, k_block, v_block) -> "KVCache":
+        """Writes [L, B, T, K, Dh] blocks at each row's current length; ``lengths`` do not move.
+
+        The caller guarantees ``lengths + T <= capacity`` (decoders size the cache for the prompt bucket,
+        the new tokens and one block); ``dynamic_update_slice`` would otherwise clamp the start silently.
+        """
+        k_block = k_block.astype(self.k.dtype)
+        v_block = v_block.astype(self.v.dtype)
+
+        def write_row(cache_row, block_row, length):  # [L, S, K, Dh], [L, T, K, Dh], []
+            return jax.lax.dynamic_update_slice(cache_row, block_row, (0, length, 0, 0))
+
+        write_rows = jax.vmap(write_row, in_axes=(1, 1, 0), out_axes=1)
+        return dataclasses.replace(self, k=write_rows(self.k, k_block, self.lengths),
+                                   v=write_rows(self.v, v_block, self.lengths))
+
+    def commit(self, num_tokens) -> "KVCache":
+        """Advances each row's length by ``num_tokens`` ([B] or scalar): those written slots become valid."""
+        return dataclasses.replace(self, lengths=self.lengths + jnp.asarray(num_tokens, jnp.int32))
+
+    def with_lengths(self, lengths) -> "KVCache":
+        """Sets the committed lengths (a rollback when smaller): later slots become dead, nothing is copied."""
+        return dataclasses.replace(self, lengths=jnp.broadcast_to(jnp.asarray(lengths, jnp.int32), self.lengths.shape))

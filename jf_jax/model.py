@@ -1,0 +1,138 @@
+"""The Qwen2 / Llama decoder as pure functions over the parameter pytree of ``jf_jax.params``.
+
+``forward`` runs the stacked layers with ``lax.scan``. Without a cache it is the training / full-sequence
+forward (attention among the given tokens, masked by their ``TokenMeta``). With a cache the tokens attend to
+the committed cache slots plus each other, and their keys/values are written at the cache's current
+lengths (not committed: the caller decides how much of the block to keep).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jf_jax.config import ModelConfig
+from jf_jax.kv_cache import KVCache
+from jf_jax.masks import cache_key_meta, causal_meta, concat_meta
+from jf_jax.params import Params
+from pallas_kernels.mask import MASK_NOISE_CONDITIONED, TokenMeta
+
+
+def rms_norm(x, weight, eps: float):
+    """RMSNorm in float32 (as Hugging Face does), returned in x's dtype."""
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (weight.astype(jnp.float32) * x32).astype(x.dtype)
+
+
+def rope(x, positions, theta: float):
+    """Rotary embedding, "rotate half" layout (HF Qwen2/Llama). x: [B, T, H, Dh]; positions: [B, T].
+
+    Angles are computed in float32: in bfloat16, positions past a few hundred lose the precision to
+    distinguish neighbouring tokens.
+    """
+    head_dim = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))  # [Dh/2]
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, Dh/2]
+    cos = jnp.cos(angles)[:, :, None, :]
+    sin = jnp.sin(angles)[:, :, None, :]
+    x32 = x.astype(jnp.float32)
+    x1, x2 = x32[..., : head_dim // 2], x32[..., head_dim // 2:]
+    rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return rotated.astype(x.dtype)
+
+
+def _attend(cfg: ModelConfig, q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, mask_kind: str):
+    if cfg.attention_impl == "pallas":
+        from pallas_kernels import flash_attention  # imported lazily: only this backend needs it
+
+        return flash_attention.attention(q, k, v, q_meta, k_meta, mask_kind=mask_kind)
+    from pallas_kernels import attention_reference
+
+    return attention_reference(q, k, v, q_meta, k_meta, mask_kind=mask_kind)
+
+
+def _layer(cfg: ModelConfig, x, layer: Params, positions, q_meta, cache_kv, cache_meta, mask_kind):
+    """One decoder layer. x: [B, T, D]. Returns the new x and this layer's new (k, v) [B, T, K, Dh]."""
+    dt = cfg.compute_dtype
+    w = lambda name: layer[name].astype(dt)  # noqa: E731  (weights may be stored in another dtype)
+
+    with jax.named_scope("attention"):
+        h = rms_norm(x, layer["attn_norm"], cfg.rms_norm_eps)
+        q = jnp.einsum("btd,dhk->bthk", h, w("wq"), preferred_element_type=jnp.float32)  # [B, T, H, Dh]
+        k = jnp.einsum("btd,dhk->bthk", h, w("wk"), preferred_element_type=jnp.float32)  # [B, T, K, Dh]
+        v = jnp.einsum("btd,dhk->bthk", h, w("wv"), preferred_element_type=jnp.float32)  # [B, T, K, Dh]
+        if cfg.attention_bias:
+            q, k, v = q + layer["bq"].astype(jnp.float32), k + layer["bk"].astype(jnp.float32), v + layer["bv"].astype(jnp.float32)
+        q = rope(q, positions, cfg.rope_theta).astype(dt)
+        k = rope(k, positions, cfg.rope_theta).astype(dt)
+        v = v.astype(dt)
+        if cache_kv is None:
+            keys, values, k_meta = k, v, q_meta
+        else:
+            cached_k, cached_v = cache_kv  # [B, S, K, Dh]
+            keys = jnp.concatenate([cached_k, k], axis=1)
+            values = jnp.concatenate([cached_v, v], axis=1)
+            k_meta = concat_meta(cache_meta, q_meta)
+        attn = _attend(cfg, q, keys, values, q_meta, k_meta, mask_kind)  # [B, T, H, Dh]
+        x = x + jnp.einsum("bthk,hkd->btd", attn, w("wo"), preferred_element_type=jnp.float32).astype(dt)
+
+    with jax.named_scope("mlp"):
+        h = rms_norm(x, layer["mlp_norm"], cfg.rms_norm_eps)
+        gate = jnp.einsum("btd,df->btf", h, w("w_gate"), preferred_element_type=jnp.float32)
+        up = jnp.einsum("btd,df->btf", h, w("w_up"), preferred_element_type=jnp.float32)
+        act = (jax.nn.silu(gate) * up).astype(dt)
+        x = x + jnp.einsum("btf,fd->btd", act, w("w_down"), preferred_element_type=jnp.float32).astype(dt)
+    return x, (k, v)
+
+
+def forward(params: Params, cfg: ModelConfig, tokens, positions=None, *, meta: TokenMeta | None = None,
+            cache: KVCache | None = None, mask_kind: str = MASK_NOISE_CONDITIONED):
+    """Runs the decoder stack and returns ``(hidden [B, T, D], cache)``.
+
+    tokens: [B, T] int32. positions: [B, T] RoPE positions; defaults to ``meta.position``, else to
+    ``cache.lengths + arange(T)`` with a cache and ``arange(T)`` without. meta: per-token mask data of the
+    tokens (default: plain causal tokens at ``positions``). With a cache, the returned cache holds the
+    block's keys/values written at the old lengths, which are *not* advanced (see ``KVCache.commit``).
+    """
+    tokens = jnp.asarray(tokens, jnp.int32)
+    B, T = tokens.shape
+    if positions is None:
+        if meta is not None:
+            positions = meta.position
+        elif cache is not None:
+            positions = cache.lengths[:, None] + jnp.arange(T, dtype=jnp.int32)
+        else:
+            positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    positions = jnp.asarray(positions, jnp.int32)
+    q_meta = causal_meta(positions) if meta is None else meta
+
+    x = params["embed"].astype(cfg.compute_dtype)[tokens]  # [B, T, D]
+    cache_meta = None if cache is None else cache_key_meta(cache.lengths, cache.capacity)
+
+    def body(x, per_layer):
+        layer, cache_kv = per_layer
+        return _layer(cfg, x, layer, positions, q_meta, cache_kv, cache_meta, mask_kind)
+
+    xs = (params["layers"], None if cache is None else (cache.k, cache.v))
+    x, (new_k, new_v) = jax.lax.scan(body, x, xs)  # new_k, new_v: [L, B, T, K, Dh]
+    x = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
+    if cache is not None:
+        cache = cache.write(new_k, new_v)
+    return x, cache
+
+
+def logits(params: Params, cfg: ModelConfig, hidden):
+    """Float32 vocabulary logits of hidden states [..., D] (the tied embedding when there is no lm_head)."""
+    dt = cfg.compute_dtype
+    if "lm_head" in params:
+        return jnp.einsum("...d,dv->...v", hidden.astype(dt), params["lm_head"].astype(dt),
+                          preferred_element_type=jnp.float32)
+    return jnp.einsum("...d,vd->...v", hidden.astype(dt), params["embed"].astype(dt),
+                      preferred_element_type=jnp.float32)
+
+
+def forward_logits(params: Params, cfg: ModelConfig, tokens, positions=None, **kwargs):
+    """``forward`` followed by ``logits`` on every position: returns (logits [B, T, V] float32, cache)."""
+    hidden, cache = forward(params, cfg, tokens, positions, **kwargs)
+    return logits(params, cfg, hidden), cache

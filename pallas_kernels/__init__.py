@@ -1,0 +1,13 @@
+"""Attention for jf-jax: the per-token mask rule, a plain-JAX reference and (later) Pallas kernels.
+
+This package imports nothing from ``jf_jax``: the model reaches it only through its attention dispatch.
+"""
+
+from pallas_kernels.attention_reference import attention_reference, check_attention_shapes
+from pallas_kernels.mask import (MASK_CLEAN_CONTEXT, MASK_KINDS, MASK_NOISE_CONDITIONED, STREAM_CLEAN,
+                                 STREAM_CONTEXT, STREAM_NOISY, TokenMeta, allowed, dense_mask)
+
+__all__ = [
+    "attention_reference", "check_attention_shapes", "TokenMeta", "allowed", "dense_mask",
+    "STREAM_CONTEXT", "STREAM_NOISY", "STREAM_CLEAN", "MASK_NOISE_CONDITIONED", "MASK_CLEAN_CONTEXT", "MASK_KINDS",
+]
