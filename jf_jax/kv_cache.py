@@ -40,9 +40,6 @@ class KVCache:
 
     @classmethod
     def init(cls, cfg: ModelConfig, batch_size: int, capacity: int) -> "KVCache":
-        if capacity > cfg.max_position_embeddings:
-            raise ValueError(f"KV cache capacity {capacity} exceeds the model context "
-                             f"({cfg.max_position_embeddings} positions)")
         shape = cls.shape(cfg, batch_size, capacity)
         return cls(k=jnp.zeros(shape, cfg.compute_dtype), v=jnp.zeros(shape, cfg.compute_dtype),
                    lengths=jnp.zeros((batch_size,), jnp.int32))

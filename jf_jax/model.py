@@ -25,21 +25,24 @@ def rms_norm(x, weight, eps: float):
     return (weight.astype(jnp.float32) * x32).astype(x.dtype)
 
 
-def rope(x, positions, theta: float):
-    """Rotary embedding, "rotate half" layout (HF Qwen2/Llama). x: [B, T, H, Dh]; positions: [B, T].
+def rope_tables(positions, head_dim: int, theta: float):
+    """cos, sin tables [B, T, 1, Dh/2] of the rotary embedding, computed once per forward.
 
     Angles are computed in float32: in bfloat16, positions past a few hundred lose the precision to
     distinguish neighbouring tokens.
     """
-    head_dim = x.shape[-1]
     inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))  # [Dh/2]
     angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, Dh/2]
-    cos = jnp.cos(angles)[:, :, None, :]
-    sin = jnp.sin(angles)[:, :, None, :]
+    return jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :]
+
+
+def rope(x, tables):
+    """Rotary embedding, "rotate half" layout (HF Qwen2/Llama). x: [B, T, H, Dh], in float32."""
+    cos, sin = tables
+    half = x.shape[-1] // 2
     x32 = x.astype(jnp.float32)
-    x1, x2 = x32[..., : head_dim // 2], x32[..., head_dim // 2:]
-    rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-    return rotated.astype(x.dtype)
+    x1, x2 = x32[..., :half], x32[..., half:]
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
 def _attend(cfg: ModelConfig, q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, mask_kind: str):
@@ -52,7 +55,7 @@ def _attend(cfg: ModelConfig, q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, mas
     return attention_reference(q, k, v, q_meta, k_meta, mask_kind=mask_kind)
 
 
-def _layer(cfg: ModelConfig, x, layer: Params, positions, q_meta, cache_kv, cache_meta, mask_kind):
+def _layer(cfg: ModelConfig, x, layer: Params, rope_tabs, q_meta, cache_kv, cache_meta, mask_kind):
     """One decoder layer. x: [B, T, D]. Returns the new x and this layer's new (k, v) [B, T, K, Dh]."""
     dt = cfg.compute_dtype
     w = lambda name: layer[name].astype(dt)  # noqa: E731  (weights may be stored in another dtype)
@@ -64,8 +67,8 @@ def _layer(cfg: ModelConfig, x, layer: Params, positions, q_meta, cache_kv, cach
         v = jnp.einsum("btd,dhk->bthk", h, w("wv"), preferred_element_type=jnp.float32)  # [B, T, K, Dh]
         if cfg.attention_bias:
             q, k, v = q + layer["bq"].astype(jnp.float32), k + layer["bk"].astype(jnp.float32), v + layer["bv"].astype(jnp.float32)
-        q = rope(q, positions, cfg.rope_theta).astype(dt)
-        k = rope(k, positions, cfg.rope_theta).astype(dt)
+        q = rope(q, rope_tabs).astype(dt)
+        k = rope(k, rope_tabs).astype(dt)
         v = v.astype(dt)
         if cache_kv is None:
             keys, values, k_meta = k, v, q_meta
@@ -109,13 +112,25 @@ def forward(params: Params, cfg: ModelConfig, tokens, positions=None, *, meta: T
 
     x = params["embed"].astype(cfg.compute_dtype)[tokens]  # [B, T, D]
     cache_meta = None if cache is None else cache_key_meta(cache.lengths, cache.capacity)
+    rope_tabs = rope_tables(positions, cfg.head_dim, cfg.rope_theta)
 
     def body(x, per_layer):
         layer, cache_kv = per_layer
-        return _layer(cfg, x, layer, positions, q_meta, cache_kv, cache_meta, mask_kind)
+        return _layer(cfg, x, layer, rope_tabs, q_meta, cache_kv, cache_meta, mask_kind)
 
-    xs = (params["layers"], None if cache is None else (cache.k, cache.v))
-    x, (new_k, new_v) = jax.lax.scan(body, x, xs)  # new_k, new_v: [L, B, T, K, Dh]
+    layers = params["layers"]
+    if isinstance(layers, (tuple, list)):
+        # Per-layer arrays (``params.unstack_layers``): a Python loop, so no layer's weights are sliced out
+        # of a stacked array. On CPU the slice inside scan is a full copy that doubles the weight traffic
+        # of a one-token step; decoders use this form, training keeps the stacked scan.
+        new_kv = []
+        for i, layer in enumerate(layers):
+            x, kv = body(x, (layer, None if cache is None else (cache.k[i], cache.v[i])))
+            new_kv.append(kv)
+        new_k, new_v = (jnp.stack(t) for t in zip(*new_kv))
+    else:
+        xs = (layers, None if cache is None else (cache.k, cache.v))
+        x, (new_k, new_v) = jax.lax.scan(body, x, xs)  # new_k, new_v: [L, B, T, K, Dh]
     x = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
     if cache is not None:
         cache = cache.write(new_k, new_v)

@@ -131,3 +131,25 @@ def check_params(cfg: ModelConfig, params: Params, source: str = "parameters") -
 def cast_params(params: Params, dtype) -> Params:
     return jax.tree.map(lambda x: x.astype(dtype), params)
 
+
+
+def unstack_layers(params: Params) -> Params:
+    """The same parameters with ``layers`` as a tuple of per-layer dicts (the decoders' view).
+
+    Same declaration, same values: only how the stacked arrays are held in memory for a jitted decode
+    program, which then never slices a layer out of a stacked array (see ``model.forward``).
+    """
+    layers = params["layers"]
+    if isinstance(layers, (tuple, list)):
+        return params
+    num_layers = next(iter(layers.values())).shape[0]
+    per_layer = tuple({k: v[i] for k, v in layers.items()} for i in range(num_layers))
+    return {**params, "layers": per_layer}
+
+
+def stack_layers(params: Params) -> Params:
+    """Inverse of ``unstack_layers``."""
+    layers = params["layers"]
+    if not isinstance(layers, (tuple, list)):
+        return params
+    return {**params, "layers": {k: jnp.stack([layer[k] for layer in layers]) for k in layers[0]}}

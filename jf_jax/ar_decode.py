@@ -1,0 +1,110 @@
+"""Greedy autoregressive decoding: the baseline every speedup is measured against, and the ground truth of
+the lossless check.
+
+Two compiled programs: ``prefill`` (the whole prompt in one forward, first token out) and ``ar_loop`` (a
+``lax.while_loop`` of one-token steps that stops on EOS or max_new_tokens, with no host round trip per
+token). A batch of prompts of different lengths decodes together; each row stops on its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jf_jax.config import ModelConfig
+from jf_jax.generation import GenerationResult, PreparedPrompts, eos_array, prepare_prompts, trim_outputs
+from jf_jax.kv_cache import KVCache
+from jf_jax.masks import causal_meta
+from jf_jax.model import forward, logits
+from jf_jax.params import Params
+
+
+def greedy(logits_f32):
+    """Argmax over float32 logits (ties -> lowest id, as torch.argmax on CPU)."""
+    return jnp.argmax(logits_f32.astype(jnp.float32), axis=-1).astype(jnp.int32)
+
+
+def is_eos(tokens, eos_ids):
+    """tokens [...], eos_ids [E] padded with -1 -> bool [...]."""
+    return (tokens[..., None] == eos_ids).any(axis=-1)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "capacity"))
+def prefill(params: Params, cfg: ModelConfig, tokens, lengths, capacity: int):
+    """Forwards right-padded prompts [B, P] into a fresh cache; returns (cache, next-token logits [B, V])."""
+    B, P = tokens.shape
+    positions = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32), (B, P))
+    meta = causal_meta(positions, valid=positions < lengths[:, None])
+    hidden, cache = forward(params, cfg, tokens, meta=meta, cache=KVCache.init(cfg, B, capacity))
+    last = hidden[jnp.arange(B), lengths - 1]  # [B, D]
+    return cache.with_lengths(lengths), logits(params, cfg, last)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ARState:
+    """Loop state of ``ar_loop``; every field is an array."""
+
+    out: jax.Array  # [B, N] generated ids, -1 past each row's count
+    count: jax.Array  # [B] tokens generated so far
+    done: jax.Array  # [B] stopped on EOS or max_new_tokens
+    last: jax.Array  # [B] last generated token (the next step's input)
+    cache: KVCache
+    steps: jax.Array  # [] forwards run by the loop
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "out_capacity"), donate_argnames=("cache",))
+def ar_loop(params: Params, cfg: ModelConfig, cache: KVCache, first_logits, max_new_tokens, eos_ids,
+            out_capacity: int) -> ARState:
+    """Greedy one-token steps until every row hit EOS or ``max_new_tokens`` (a traced scalar)."""
+    B = first_logits.shape[0]
+    rows = jnp.arange(B)
+    first = greedy(first_logits)
+    out = jnp.full((B, out_capacity), -1, jnp.int32).at[:, 0].set(first)
+    count = jnp.ones((B,), jnp.int32)
+    done = is_eos(first, eos_ids) | (count >= max_new_tokens)
+    state = ARState(out=out, count=count, done=done, last=first, cache=cache, steps=jnp.zeros((), jnp.int32))
+
+    def step(s: ARState) -> ARState:
+        hidden, cache = forward(params, cfg, s.last[:, None], cache=s.cache)
+        nxt = greedy(logits(params, cfg, hidden[:, 0]))
+        active = ~s.done
+        cache = cache.commit(active.astype(jnp.int32))  # a finished row keeps its length: its write is dead
+        out = s.out.at[rows, s.count].set(jnp.where(active, nxt, -1), mode="drop")
+        count = s.count + active
+        done = s.done | (active & (is_eos(nxt, eos_ids) | (count >= max_new_tokens)))
+        return ARState(out=out, count=count, done=done, last=jnp.where(active, nxt, s.last), cache=cache,
+                       steps=s.steps + 1)
+
+    return jax.lax.while_loop(lambda s: ~jnp.all(s.done), step, state)
+
+
+def _run(params, cfg, prep: PreparedPrompts, eos, max_new_tokens: int):
+    start = time.perf_counter()
+    cache, first_logits = prefill(params, cfg, prep.tokens, prep.lengths, prep.cache_capacity)
+    first_logits.block_until_ready()
+    prefill_done = time.perf_counter()
+    state = ar_loop(params, cfg, cache, first_logits, jnp.int32(max_new_tokens), eos, prep.out_capacity)
+    out, count = jax.device_get((state.out, state.count))
+    end = time.perf_counter()
+    return out, count, end - start, prefill_done - start
+
+
+def generate_ar(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
+                eos_ids: Sequence[int], warmup: bool = True) -> GenerationResult:
+    """Greedy AR decoding of token-id prompts. With ``warmup`` the programs are compiled (by a 1-token
+    run on the same bucketed shapes) before the timed run, so ``seconds`` excludes compilation."""
+    prep = prepare_prompts(cfg, prompts, max_new_tokens, lookahead=1)
+    eos = eos_array(eos_ids)
+    if warmup:
+        _run(params, cfg, prep, eos, 1)
+    out, count, seconds, prefill_seconds = _run(params, cfg, prep, eos, prep.max_new_tokens)
+    tokens = trim_outputs(out, count)
+    return GenerationResult(token_ids=tokens, forwards=[len(t) for t in tokens], seconds=seconds,
+                            prefill_seconds=prefill_seconds)

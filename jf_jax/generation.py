@@ -1,0 +1,106 @@
+"""What every decoding method shares: prompt validation and bucketing, cache sizing, and the result type.
+
+Shapes that reach ``jax.jit`` are bucketed (prompt length, output buffer) so a new prompt of a similar
+length reuses the compiled program; what changes per call (lengths, max_new_tokens) is traced, not static.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+from jf_jax.config import ModelConfig
+
+MIN_BUCKET = 16
+
+
+class GenerationError(ValueError):
+    """Invalid generation request (empty or over-long prompt, bad max_new_tokens, bad block size...)."""
+
+
+def bucket(n: int, minimum: int = MIN_BUCKET) -> int:
+    """Smallest power of two >= max(n, minimum)."""
+    size = minimum
+    while size < n:
+        size *= 2
+    return size
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedPrompts:
+    tokens: np.ndarray
+    """[B, P] int32, right-padded with token 0 up to the bucketed length P."""
+    lengths: np.ndarray
+    """[B] int32 true prompt lengths."""
+    max_new_tokens: int
+    out_capacity: int
+    """Bucketed size of the output buffer (>= max_new_tokens)."""
+    cache_capacity: int
+    """KV slots: prompt bucket + output bucket + ``lookahead`` slots for draft blocks written past the end."""
+
+
+def prepare_prompts(cfg: ModelConfig, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                    lookahead: int = 1) -> PreparedPrompts:
+    """Validates token-id prompts against the model and packs them into bucketed arrays.
+
+    ``lookahead`` is how many KV slots past the last generated token a method may write in one forward
+    (1 for AR; the block size, or more, for Jacobi), so cache writes never run past the capacity.
+    """
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens <= 0:
+        raise GenerationError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    if len(prompts) == 0:
+        raise GenerationError("no prompts given")
+    lengths = []
+    for i, prompt in enumerate(prompts):
+        ids = np.asarray(prompt)
+        if ids.ndim != 1 or ids.size == 0:
+            raise GenerationError(f"prompt {i} is empty or not a flat list of token ids")
+        if not np.issubdtype(ids.dtype, np.integer) or ids.min() < 0 or ids.max() >= cfg.vocab_size:
+            raise GenerationError(f"prompt {i} has token ids outside the vocabulary [0, {cfg.vocab_size})")
+        lengths.append(ids.size)
+    longest = max(lengths)
+    context = cfg.max_position_embeddings
+    if longest + max_new_tokens > context:
+        raise GenerationError(
+            f"prompt of {longest} tokens plus max_new_tokens={max_new_tokens} exceeds the model context of "
+            f"{context} tokens; shorten the prompt or lower max_new_tokens (nothing is truncated silently)")
+    prompt_bucket = bucket(longest)
+    out_capacity = bucket(max_new_tokens)
+    tokens = np.zeros((len(prompts), prompt_bucket), np.int32)
+    for i, prompt in enumerate(prompts):
+        tokens[i, : lengths[i]] = np.asarray(prompt, np.int32)
+    return PreparedPrompts(tokens=tokens, lengths=np.asarray(lengths, np.int32), max_new_tokens=int(max_new_tokens),
+                           out_capacity=out_capacity, cache_capacity=prompt_bucket + out_capacity + lookahead)
+
+
+def eos_array(eos_ids: Sequence[int]) -> np.ndarray:
+    """EOS ids as a fixed-size int32 array (padded with -1) so the set of ids is data, not a static arg."""
+    ids = sorted(set(int(i) for i in eos_ids))
+    if len(ids) > 8:
+        raise GenerationError(f"at most 8 EOS ids are supported, got {len(ids)}")
+    return np.asarray(ids + [-1] * (8 - len(ids)), np.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationResult:
+    """Output of one decoding call over a batch of prompts."""
+
+    token_ids: list[list[int]]
+    """Generated ids per prompt (the EOS token included when generation stopped on it)."""
+    forwards: list[int]
+    """Model forward passes that produced each prompt's tokens (the prefill counts as one)."""
+    seconds: float
+    """Wall-clock seconds of the whole call, prefill included."""
+    prefill_seconds: float
+    stats: dict = dataclasses.field(default_factory=dict)
+    """Method-specific statistics, e.g. iterations per block, recycling hits."""
+
+    @property
+    def new_tokens(self) -> list[int]:
+        return [len(t) for t in self.token_ids]
+
+
+def trim_outputs(out: np.ndarray, counts: np.ndarray) -> list[list[int]]:
+    return [out[i, : int(counts[i])].tolist() for i in range(out.shape[0])]
