@@ -1,0 +1,83 @@
+"""Loading a model: ``load("smollm2-135m")``, ``load("path/model.gguf")`` or ``load("path/hf_dir")``.
+
+Every source goes through Hugging Face names and the strict map of ``jf_jax.convert``; the converted
+parameters are cached with orbax (``jf_jax.weights.store``) so later loads skip the conversion.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import jax
+import jax.numpy as jnp
+
+from jf_jax.config import SUPPORTED_DTYPES, ConfigError, ModelConfig
+from jf_jax.convert import WeightsError
+from jf_jax.params import Params
+from jf_jax.tokenizer import Tokenizer
+from jf_jax.weights import store
+from jf_jax.weights.embedded import smollm2_gguf_path
+from jf_jax.weights.gguf import load_gguf
+from jf_jax.weights.hf_dir import load_hf_dir
+
+__all__ = ["LoadedModel", "WeightsError", "load", "resolve", "KNOWN_MODELS", "smollm2_gguf_path"]
+
+KNOWN_MODELS = {"smollm2-135m": smollm2_gguf_path}
+"""Model names ``load`` accepts, each mapped to a function returning its local file."""
+
+_ACCEPTED = (f"a model name ({', '.join(KNOWN_MODELS)}), a path to a .gguf file, or a Hugging Face model "
+             "directory containing config.json and safetensors weights")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class LoadedModel:
+    """A model ready to run: ``jf_jax.model.forward(loaded.params, loaded.cfg, tokens)``."""
+
+    cfg: ModelConfig
+    params: Params
+    tokenizer: Tokenizer
+    name: str
+    source: str
+    """Absolute path of the file or directory the weights came from."""
+
+
+def resolve(spec: str) -> tuple[str, str, str]:
+    """(kind "gguf" | "hf_dir", absolute source path, display name) of a model spec."""
+    if not isinstance(spec, (str, os.PathLike)) or not str(spec):
+        raise WeightsError(f"model spec must be a non-empty string; accepted: {_ACCEPTED}")
+    spec = str(spec)
+    if spec in KNOWN_MODELS:
+        return "gguf", KNOWN_MODELS[spec](), spec
+    path = os.path.abspath(os.path.expanduser(spec))
+    name = os.path.basename(os.path.normpath(path))
+    if os.path.isfile(path):
+        with open(path, "rb") as f:
+            magic = f.read(4)
+        if path.endswith(".gguf") or magic == b"GGUF":
+            return "gguf", path, name.removesuffix(".gguf")
+        raise WeightsError(f"{path} is neither a .gguf file nor a GGUF file by its contents; accepted: {_ACCEPTED}")
+    if os.path.isdir(path):
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise WeightsError(f"directory {path} has no config.json, so it is not a Hugging Face model "
+                               f"directory; accepted: {_ACCEPTED}")
+        return "hf_dir", path, name
+    raise WeightsError(f"unknown model {spec!r}: no such model name, file or directory; accepted: {_ACCEPTED}")
+
+
+def load(spec: str, dtype: str = "float32", cache: bool = True) -> LoadedModel:
+    """Loads a model's config, parameters (jax arrays of ``dtype``) and tokenizer.
+
+    ``cache=True`` reads/writes converted parameters under ``$JF_JAX_CACHE`` (default ~/.cache/jf_jax).
+    """
+    if dtype not in SUPPORTED_DTYPES:
+        raise ConfigError(f"dtype must be one of {SUPPORTED_DTYPES}, got {dtype!r}")
+    kind, source, name = resolve(spec)
+    convert = load_gguf if kind == "gguf" else load_hf_dir
+    if cache:
+        cfg, params, tokenizer, _ = store.load_or_convert(source, convert)
+    else:
+        cfg, params, tokenizer = convert(source)
+    cfg = cfg.replace(dtype=dtype, param_dtype=dtype)
+    params = jax.tree.map(lambda x: jnp.asarray(x, dtype=cfg.weight_dtype), params)
+    return LoadedModel(cfg=cfg, params=params, tokenizer=tokenizer, name=name, source=source)

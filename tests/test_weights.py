@@ -1,0 +1,322 @@
+"""Weights loading: tiny GGUF / HF-directory models reproduce torch logits; bad inputs fail clearly; cache.
+
+The GGUF files are written here the way llama.cpp's converter writes them (GGUF names, Q/K rows permuted
+for llama, optionally quantized), so the loader is checked against an independent writer, not itself.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import gguf
+import jax
+import numpy as np
+import pytest
+
+from jf_jax import weights
+from jf_jax.config import ConfigError
+from jf_jax.convert import WeightsError
+from jf_jax.model import forward_logits
+from jf_jax.tokenizer import Tokenizer
+from jf_jax.weights import store
+from jf_jax.weights.gguf import load_gguf
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 64
+# A tiny byte-level vocabulary: 3 control tokens, 60 characters ("Ġ" is byte-level space), one merge "a b".
+_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZĠ0123456"
+TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *_CHARS, "ab"]
+TOKEN_TYPES = [3, 3, 3] + [1] * (len(TOKENS) - 3)
+assert len(TOKENS) == 64
+TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+_GGUF_LAYER = {
+    "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias", "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.o_proj.weight": "attn_output.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight",
+}
+_GGUF_TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
+
+
+def tiny_model(arch="llama", tie=False, seed=0):
+    """A random float32 HF model with weights large enough that a wrong layout changes the logits."""
+    torch.manual_seed(seed)
+    kw = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, rope_theta=50000.0, rms_norm_eps=1e-5, max_position_embeddings=128,
+              tie_word_embeddings=tie, bos_token_id=1, eos_token_id=2)
+    if arch == "llama":
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**kw))
+    else:
+        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**kw))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * (0.3 if p.ndim == 1 else 0.15) + (1.0 if p.ndim == 1 else 0.0))
+    return model.eval()
+
+
+def llama_cpp_permute(w, n_head, n_head_kv):
+    """Verbatim from llama.cpp's convert_hf_to_gguf.py (LlamaModel.permute)."""
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def gguf_name(hf_name):
+    if hf_name in _GGUF_TOP:
+        return _GGUF_TOP[hf_name]
+    _, _, layer, rest = hf_name.split(".", 3)
+    return f"blk.{layer}.{_GGUF_LAYER[rest]}"
+
+
+def write_gguf(path, model, arch="llama", qtype=None, skip=(), reshape=None, architecture=None):
+    """Writes ``model`` as llama.cpp would; 2-D tensors quantized to ``qtype`` (embedding always Q8_0 then)."""
+    cfg = model.config
+    writer = gguf.GGUFWriter(str(path), architecture or arch)
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2" if arch == "qwen2" else "smollm")
+    writer.add_token_list(TOKENS)
+    writer.add_token_types(TOKEN_TYPES)
+    writer.add_token_merges(["a b"])
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_pad_token_id(2)
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(TEMPLATE)
+    for name, tensor in model.state_dict().items():
+        if cfg.tie_word_embeddings and name == "lm_head.weight":
+            continue
+        w = tensor.numpy().astype(np.float32)
+        if arch == "llama" and "q_proj" in name:
+            w = llama_cpp_permute(w, cfg.num_attention_heads, cfg.num_attention_heads)
+        elif arch == "llama" and "k_proj" in name:
+            w = llama_cpp_permute(w, cfg.num_attention_heads, cfg.num_key_value_heads)
+        name = gguf_name(name)
+        if name in skip:
+            continue
+        if reshape and name in reshape:
+            w = reshape[name](w)
+        if qtype is not None and w.ndim == 2:
+            kind = gguf.GGMLQuantizationType.Q8_0 if name == "token_embd.weight" else qtype
+            writer.add_tensor(name, gguf.quants.quantize(w, kind), raw_dtype=kind)
+        else:
+            writer.add_tensor(name, w)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return str(path)
+
+
+def quantize_roundtrip(model, qtype):
+    """The model with each 2-D weight replaced by what the quantized GGUF stores (the loader's target)."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 2:
+                kind = gguf.GGMLQuantizationType.Q8_0 if "embed_tokens" in name else qtype
+                q = gguf.quants.quantize(p.numpy(), kind)
+                p.copy_(torch.from_numpy(gguf.quants.dequantize(q, kind).astype(np.float32)))
+    return model
+
+
+TOKENS_IN = np.random.default_rng(0).integers(0, VOCAB, size=(2, 12), dtype=np.int32)
+
+
+def assert_logits_match(model, loaded, atol=1e-5):
+    with torch.no_grad():
+        expected = model(torch.from_numpy(TOKENS_IN).long()).logits.numpy()
+    got, _ = forward_logits(loaded.params, loaded.cfg, TOKENS_IN)
+    assert expected.std() > 0.5, "the test model is too close to zero to detect layout bugs"
+    np.testing.assert_allclose(np.asarray(got), expected, atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_gguf_llama_f32_matches_torch(tmp_path, tie):
+    model = tiny_model("llama", tie=tie)
+    loaded = weights.load(write_gguf(tmp_path / "tiny.gguf", model), cache=False)
+    assert loaded.cfg.tie_word_embeddings == tie and ("lm_head" in loaded.params) == (not tie)
+    assert loaded.cfg.rope_theta == 50000.0 and loaded.cfg.num_kv_heads == 2 and loaded.name == "tiny"
+    assert_logits_match(model, loaded)
+
+
+def test_gguf_llama_quantized_matches_dequantized_torch(tmp_path):
+    model = tiny_model("llama", seed=1)
+    path = write_gguf(tmp_path / "q.gguf", model, qtype=gguf.GGMLQuantizationType.Q4_1)
+    assert {t.tensor_type.name for t in gguf.GGUFReader(path).tensors} == {"Q4_1", "Q8_0", "F32"}
+    loaded = weights.load(path, cache=False)
+    assert_logits_match(quantize_roundtrip(model, gguf.GGMLQuantizationType.Q4_1), loaded)
+
+
+def test_gguf_qwen2_with_biases_matches_torch(tmp_path):
+    model = tiny_model("qwen2", seed=2)
+    loaded = weights.load(write_gguf(tmp_path / "qwen.gguf", model, arch="qwen2"), cache=False)
+    assert loaded.cfg.architecture == "qwen2" and loaded.cfg.attention_bias
+    assert_logits_match(model, loaded)
+
+
+def save_hf_dir(path, model, **kw):
+    model.generation_config.eos_token_id = [2, 0]
+    model.save_pretrained(path, safe_serialization=True, **kw)
+    meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2", "tokenizer.ggml.tokens": TOKENS,
+            "tokenizer.ggml.merges": ["a b"], "tokenizer.ggml.token_type": TOKEN_TYPES}
+    Tokenizer.from_gguf_metadata(meta).backend.save(os.path.join(path, "tokenizer.json"))
+    with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+        json.dump({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": None,
+                   "chat_template": TEMPLATE}, f)
+    return str(path)
+
+
+def test_hf_dir_sharded_qwen2_matches_torch(tmp_path):
+    model = tiny_model("qwen2", seed=3)
+    path = save_hf_dir(tmp_path / "qwen", model, max_shard_size="60KB")
+    shards = [f for f in os.listdir(path) if f.endswith(".safetensors")]
+    assert len(shards) > 1 and os.path.isfile(os.path.join(path, "model.safetensors.index.json"))
+    loaded = weights.load(path, cache=False)
+    assert loaded.tokenizer.eos_ids == (2, 0) and loaded.tokenizer.pad_id == 0
+    assert loaded.tokenizer.apply_chat_template("ab") == "<|im_start|>user\nab<|im_end|>\n<|im_start|>assistant\n"
+    assert_logits_match(model, loaded)
+
+
+def test_hf_dir_bfloat16_is_read_exactly(tmp_path):
+    model = tiny_model("qwen2", seed=4)
+    with torch.no_grad():  # the float32 reference holds exactly the bf16 checkpoint's values
+        for p in model.parameters():
+            p.copy_(p.bfloat16().float())
+    # Converted copy, not model.to(bfloat16): that would also round the float32 RoPE buffer.
+    path = save_hf_dir(tmp_path / "bf16", tiny_model("qwen2", seed=4).to(torch.bfloat16))
+    loaded = weights.load(path, dtype="float32", cache=False)
+    assert loaded.cfg.dtype == "float32" and loaded.params["embed"].dtype == np.float32
+    expected = model.model.embed_tokens.weight.detach().numpy()
+    np.testing.assert_array_equal(np.asarray(loaded.params["embed"]), expected)
+    assert_logits_match(model, loaded)
+    assert weights.load(path, dtype="bfloat16", cache=False).params["embed"].dtype == jax.numpy.bfloat16
+
+
+# --- errors name the file and the problem ---------------------------------------------------------------
+
+def test_bad_specs_list_what_is_accepted(tmp_path):
+    for spec in ["no-such-model", str(tmp_path / "missing.gguf")]:
+        with pytest.raises(WeightsError, match="accepted: a model name .*smollm2-135m"):
+            weights.load(spec)
+    with pytest.raises(WeightsError, match="has no config.json"):
+        weights.load(str(tmp_path))
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(WeightsError, match="neither a .gguf file"):
+        weights.load(str(tmp_path / "notes.txt"))
+    with pytest.raises(WeightsError, match="does not exist"):
+        load_gguf(str(tmp_path / "missing.gguf"))
+
+
+def test_corrupt_gguf_files(tmp_path):
+    good = write_gguf(tmp_path / "good.gguf", tiny_model("llama"))
+    data = open(good, "rb").read()
+    garbage = tmp_path / "garbage.gguf"
+    garbage.write_bytes(b"\x00\x01garbage" * 100)
+    with pytest.raises(WeightsError, match=r"garbage\.gguf is not a GGUF file \(bad magic"):
+        weights.load(str(garbage), cache=False)
+    for cut in (len(data) // 2, 200, len(data) - 10):
+        truncated = tmp_path / f"cut{cut}.gguf"
+        truncated.write_bytes(data[:cut])
+        with pytest.raises(WeightsError, match=rf"cut{cut}\.gguf is truncated"):
+            weights.load(str(truncated), cache=False)
+
+
+def test_gguf_content_errors(tmp_path):
+    model = tiny_model("llama")
+    with pytest.raises(ConfigError, match=r"arch\.gguf: unsupported general\.architecture 'gpt2'"):
+        weights.load(write_gguf(tmp_path / "arch.gguf", model, architecture="gpt2"), cache=False)
+    with pytest.raises(WeightsError, match=r"missing layers \[1\] of w_up"):
+        weights.load(write_gguf(tmp_path / "missing.gguf", model, skip={"blk.1.ffn_up.weight"}), cache=False)
+    with pytest.raises(WeightsError, match=r"model\.layers\.0\.self_attn\.v_proj\.weight has shape \(64, 64\)"):
+        weights.load(write_gguf(tmp_path / "shape.gguf", model,
+                                reshape={"blk.0.attn_v.weight": lambda w: np.concatenate([w, w])}), cache=False)
+
+
+def test_hf_dir_errors(tmp_path):
+    model = tiny_model("qwen2")
+    path = save_hf_dir(tmp_path / "m", model, max_shard_size="60KB")
+    index = json.load(open(os.path.join(path, "model.safetensors.index.json")))
+    os.remove(os.path.join(path, sorted(set(index["weight_map"].values()))[-1]))
+    with pytest.raises(WeightsError, match="shards listed in model.safetensors.index.json are missing"):
+        weights.load(path, cache=False)
+    os.remove(os.path.join(path, "model.safetensors.index.json"))
+    with pytest.raises(WeightsError, match="has no weights: expected model.safetensors"):
+        weights.load(path, cache=False)
+    (tmp_path / "m" / "model.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(WeightsError, match="model.safetensors is not a readable safetensors file"):
+        weights.load(path, cache=False)
+
+
+# --- the converted-params cache ---------------------------------------------------------------------
+
+def _same_params(a, b):
+    la, ta = jax.tree.flatten(a)
+    lb, tb = jax.tree.flatten(b)
+    return ta == tb and all(x.dtype == y.dtype and np.array_equal(np.asarray(x), np.asarray(y))
+                            for x, y in zip(la, lb))
+
+
+def test_cache_round_trip_is_identical_and_faster(tmp_path, monkeypatch):
+    monkeypatch.setenv("JF_JAX_CACHE", str(tmp_path / "cache"))
+    path = write_gguf(tmp_path / "c.gguf", tiny_model("llama"), qtype=gguf.GGMLQuantizationType.Q8_0)
+    t0 = time.perf_counter()
+    first = weights.load(path)
+    t1 = time.perf_counter()
+    second = weights.load(path)
+    t2 = time.perf_counter()
+    assert os.path.isdir(store.entry_dir(path))
+    assert store.load_or_convert(path, lambda _: pytest.fail("cache hit expected"))[3]
+    assert _same_params(first.params, second.params) and first.cfg == second.cfg
+    ids = [1, TOKENS.index("ab"), TOKENS.index("Ġ"), TOKENS.index("c")]
+    assert second.tokenizer.encode("<|im_start|>ab c") == first.tokenizer.encode("<|im_start|>ab c") == ids
+    assert second.tokenizer.eos_ids == first.tokenizer.eos_ids
+    assert t2 - t1 < t1 - t0, f"cached load took {t2 - t1:.3f}s, conversion {t1 - t0:.3f}s"
+    # The cached params serve any dtype; a changed source misses the cache.
+    assert weights.load(path, dtype="bfloat16").params["embed"].dtype == jax.numpy.bfloat16
+    os.utime(path, ns=(1, 1))
+    assert not store.load_or_convert(path, load_gguf)[3]
+
+
+def test_failed_or_partial_saves_are_never_trusted(tmp_path, monkeypatch):
+    monkeypatch.setenv("JF_JAX_CACHE", str(tmp_path / "cache"))
+    path = write_gguf(tmp_path / "p.gguf", tiny_model("llama"))
+
+    def disk_full(self, where):
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as m:  # a save that dies half-way leaves nothing behind, and the load works
+        m.setattr(Tokenizer, "save", disk_full)
+        assert weights.load(path).cfg.num_layers == 2
+    assert os.listdir(tmp_path / "cache") == []
+    # An entry missing files (e.g. copied by hand, or from an older version) is re-converted, not trusted.
+    entry = store.entry_dir(path)
+    os.makedirs(os.path.join(entry, "params"))
+    assert not store.load_or_convert(path, load_gguf)[3]
+    assert store.load_or_convert(path, load_gguf)[3]
+    # A corrupt orbax checkpoint in a complete-looking entry is also re-converted.
+    for root, _, files in os.walk(os.path.join(entry, "params")):
+        for f in files:
+            open(os.path.join(root, f), "wb").close()
+    assert not store.load_or_convert(path, load_gguf)[3]
+
+
+def test_runtime_modules_do_not_import_torch_or_transformers():
+    code = ("import sys, jf_jax.weights, jf_jax.tokenizer; "
+            "bad = [m for m in ('torch', 'transformers') if m in sys.modules]; assert not bad, bad")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), *sys.path]))
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
