@@ -1,0 +1,100 @@
+"""The small public Python API: load a model from a SPEC, generate from text prompts with a chosen method.
+
+    import jf_jax
+    model = jf_jax.load_model("smollm2-135m")
+    for c in jf_jax.generate(model, ["Write a haiku about JAX."], method="ar", max_new_tokens=64):
+        print(c.text, c.new_tokens / c.seconds)
+
+The CLI (``python -m jf_jax.decode``) is a thin layer over these functions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Sequence
+
+from jf_jax.ar_decode import generate_ar
+from jf_jax.generation import GenerationError, GenerationResult
+from jf_jax.params import unstack_layers
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+def _method_registry() -> dict[str, Callable[..., GenerationResult]]:
+    methods: dict[str, Callable[..., GenerationResult]] = {"ar": generate_ar}
+    try:  # the parallel decoders land in their own modules
+        from jf_jax.jacobi import generate_jacobi
+        from jf_jax.multiblock import generate_mr
+    except ImportError:
+        return methods
+    methods.update(jacobi=generate_jacobi, mr=generate_mr)
+    return methods
+
+
+METHODS = _method_registry()
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+    """One prompt's generation by one method."""
+
+    method: str
+    prompt: str
+    token_ids: list[int]
+    text: str
+    forwards: int
+    seconds: float
+    prefill_seconds: float
+    stats: dict
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+def load_model(spec: str = DEFAULT_MODEL, dtype: str = "float32"):
+    """Loads weights, config and tokenizer from ``spec``: "smollm2-135m", a HF directory or a .gguf file.
+
+    The parameters are returned with their layers unstacked (``params.unstack_layers``), the form the
+    decoders run fastest; ``params.stack_layers`` gives back the stacked training layout.
+    """
+    from jf_jax import weights  # deferred: it pulls in gguf / safetensors / orbax
+
+    loaded = weights.load(spec, dtype=dtype)
+    return dataclasses.replace(loaded, params=unstack_layers(loaded.params))
+
+
+def encode_prompts(model, prompts: Sequence[str], chat: bool = True) -> list[list[int]]:
+    """Token ids of each prompt, through the model's chat template unless ``chat`` is False."""
+    tok = model.tokenizer
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    encoded = []
+    for i, prompt in enumerate(prompts):
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise GenerationError(f"prompt {i} is empty")
+        text = tok.apply_chat_template(prompt, add_generation_prompt=True) if chat else prompt
+        encoded.append(tok.encode(text))
+    return encoded
+
+
+def generate(model, prompts: Sequence[str] | str, *, method: str = "ar", max_new_tokens: int = 128,
+             chat: bool = True, **options) -> list[Completion]:
+    """Greedy generation of each prompt with ``method`` (one of ``METHODS``), one prompt at a time so that
+    each prompt's timing is its own. ``options`` go to the method (e.g. block_size for "jacobi")."""
+    if method not in METHODS:
+        raise GenerationError(f"unknown method {method!r}; available: {', '.join(METHODS)}")
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    decode = METHODS[method]
+    completions = []
+    for prompt, ids in zip(prompts, encode_prompts(model, prompts, chat)):
+        result = decode(model.params, model.cfg, [ids], max_new_tokens=max_new_tokens,
+                        eos_ids=model.tokenizer.eos_ids, **options)
+        tokens = result.token_ids[0]
+        stats = {k: (v[0] if isinstance(v, list) and len(v) == 1 else v) for k, v in result.stats.items()}
+        completions.append(Completion(method=method, prompt=prompt, token_ids=tokens,
+                                      text=model.tokenizer.decode(tokens), forwards=result.forwards[0],
+                                      seconds=result.seconds, prefill_seconds=result.prefill_seconds,
+                                      stats=stats))
+    return completions

@@ -1,0 +1,164 @@
+"""``python -m jf_jax.decode``: decode prompts with one or more methods and benchmark them side by side.
+
+Every method is timed the same way (after compilation, per prompt, with and without prefill) and compared
+with the AR baseline measured in the same run. See ``--help`` and the README for the JSON schema.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+BUILTIN_PROMPTS = (
+    "Write a Python function `is_prime(n)` that returns True if n is a prime number.",
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+    "How many clips did Natalia sell altogether in April and May?",
+    "Give me three tips for staying focused while studying.",
+)
+
+# Which CLI options each method takes (the rest of the methods ignore them).
+METHOD_OPTIONS = {
+    "ar": (),
+    "jacobi": ("block_size", "seed"),
+    "mr": ("block_size", "num_blocks", "spawn_ratio", "pool_size", "seed"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m jf_jax.decode", description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="smollm2-135m",
+                   help="smollm2-135m (embedded default), a Hugging Face directory, or a .gguf file")
+    p.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
+    p.add_argument("--prompts", type=Path, help=".jsonl file with a 'prompt' field per line, or .txt, one per line")
+    p.add_argument("--methods", default="ar", help="comma list of decoding methods, e.g. ar,jacobi,mr")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--no-chat", action="store_true", help="do not apply the model's chat template")
+    p.add_argument("--json", type=Path, help="write the runs and summary as JSON to this path")
+    p.add_argument("--block-size", type=int, help="Jacobi block size n (default: the method's)")
+    p.add_argument("--num-blocks", type=int, help="mr: blocks in flight K")
+    p.add_argument("--spawn-ratio", type=float, help="mr: accepted fraction of the active block that spawns the next")
+    p.add_argument("--pool-size", type=int, help="mr: rejection-recycling verification size")
+    p.add_argument("--seed", type=int, help="seed of the random draft initialisation")
+    return p
+
+
+def read_prompts(args) -> list[str]:
+    prompts = list(args.prompt)
+    if args.prompts is not None:
+        path = args.prompts
+        if not path.is_file():
+            raise ValueError(f"prompts file {path} does not exist")
+        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        if path.suffix == ".jsonl":
+            for n, line in enumerate(lines, 1):
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{n} is not valid JSON ({e.msg})") from None
+                if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
+                    raise ValueError(f"{path}:{n} has no string 'prompt' field")
+                prompts.append(record["prompt"])
+        elif path.suffix == ".txt":
+            prompts.extend(lines)
+        else:
+            raise ValueError(f"prompts file {path} must end in .jsonl or .txt")
+        if not lines:
+            raise ValueError(f"prompts file {path} holds no prompts")
+    return prompts or list(BUILTIN_PROMPTS)
+
+
+def method_options(method: str, args) -> dict:
+    return {name: getattr(args, name) for name in METHOD_OPTIONS.get(method, ()) if getattr(args, name) is not None}
+
+
+def summarize(runs: list[dict]) -> dict:
+    summary = {}
+    for method in dict.fromkeys(r["method"] for r in runs):
+        rs = [r for r in runs if r["method"] == method]
+        tokens = sum(r["new_tokens"] for r in rs)
+        seconds = sum(r["seconds"] for r in rs)
+        decode_seconds = sum(r["seconds"] - r["prefill_seconds"] for r in rs)
+        summary[method] = {
+            "tokens_per_forward": tokens / max(1, sum(r["forwards"] for r in rs)),
+            "tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
+            "tokens_per_second_excl_prefill": tokens / decode_seconds if decode_seconds > 0 else 0.0,
+            "median_seconds": statistics.median(r["seconds"] for r in rs),
+        }
+    if "ar" in summary:
+        for stats in summary.values():
+            stats["speedup_vs_ar"] = stats["tokens_per_second"] / summary["ar"]["tokens_per_second"]
+    return summary
+
+
+def format_table(runs: list[dict], summary: dict) -> str:
+    header = f"{'method':<8} {'prompt':>6} {'tokens':>6} {'fwds':>5} {'TPF':>5} {'sec':>7} {'tok/s':>7} {'tok/s*':>7}"
+    lines = [header, "-" * len(header)]
+    for r in runs:
+        decode_s = r["seconds"] - r["prefill_seconds"]
+        lines.append(f"{r['method']:<8} {r['prompt_index']:>6} {r['new_tokens']:>6} {r['forwards']:>5} "
+                     f"{r['new_tokens'] / max(1, r['forwards']):>5.2f} {r['seconds']:>7.2f} "
+                     f"{r['new_tokens'] / r['seconds']:>7.1f} {r['new_tokens'] / max(decode_s, 1e-9):>7.1f}")
+    lines += ["", f"{'method':<8} {'TPF':>6} {'tok/s':>8} {'tok/s*':>8} {'vs AR':>7}", "-" * 41]
+    for method, s in summary.items():
+        speedup = f"{s['speedup_vs_ar']:.2f}x" if "speedup_vs_ar" in s else "-"
+        lines.append(f"{method:<8} {s['tokens_per_forward']:>6.2f} {s['tokens_per_second']:>8.1f} "
+                     f"{s['tokens_per_second_excl_prefill']:>8.1f} {speedup:>7}")
+    lines.append("(tok/s* excludes prefill; every method is timed after compilation, prompt by prompt)")
+    return "\n".join(lines)
+
+
+def run(args) -> dict:
+    from tqdm import tqdm
+
+    from jf_jax import api
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in api.METHODS]
+    if not methods or unknown:
+        raise ValueError(f"unknown method(s) {', '.join(unknown) or '(none given)'}; available: {', '.join(api.METHODS)}")
+    if args.max_new_tokens <= 0:
+        raise ValueError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
+    prompts = read_prompts(args)
+    print(f"loading {args.model} ({args.dtype}) ...", file=sys.stderr)
+    model = api.load_model(args.model, dtype=args.dtype)
+    runs = []
+    with tqdm(total=len(methods) * len(prompts), desc="decoding", unit="prompt", file=sys.stderr) as bar:
+        for method in methods:
+            for index, prompt in enumerate(prompts):
+                bar.set_postfix_str(f"{method} #{index}")
+                (c,) = api.generate(model, [prompt], method=method, max_new_tokens=args.max_new_tokens,
+                                    chat=not args.no_chat, **method_options(method, args))
+                runs.append({"method": method, "prompt_index": index, "prompt": prompt, "token_ids": c.token_ids,
+                             "text": c.text, "new_tokens": c.new_tokens, "forwards": c.forwards,
+                             "seconds": c.seconds, "prefill_seconds": c.prefill_seconds, "stats": c.stats})
+                bar.update()
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
+                if k not in ("prompt", "prompts", "json")}
+    return {"model": model.name, "settings": settings, "runs": runs, "summary": summarize(runs)}
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        report = run(args)
+    except (ValueError, FileNotFoundError, OSError) as e:  # our errors are ValueErrors naming the problem
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for r in report["runs"]:
+        if r["method"] == report["runs"][0]["method"]:
+            text = r["text"].strip().replace("\n", "\n    ")
+            print(f"[{r['prompt_index']}] {r['prompt']}\n    {text}\n")
+    print(format_table(report["runs"], report["summary"]))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=1))
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
