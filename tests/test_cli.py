@@ -1,0 +1,90 @@
+"""The ``python -m jf_jax.decode`` contract on a tiny GGUF model: JSON schema, prompt files, clear errors."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from gguf_models import tiny_model, write_gguf
+from jf_jax import decode
+from jf_jax.weights import store
+
+RUN_KEYS = {"method", "prompt_index", "prompt", "token_ids", "text", "new_tokens", "forwards", "seconds",
+            "prefill_seconds"}
+SUMMARY_KEYS = {"tokens_per_forward", "tokens_per_second", "tokens_per_second_excl_prefill", "speedup_vs_ar"}
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    return write_gguf(tmp_path_factory.mktemp("model") / "tiny.gguf", tiny_model("llama", tie=True, seed=3))
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv(store.CACHE_ENV, str(tmp_path / "cache"))
+
+
+def test_json_report_follows_the_contract(tiny_gguf, tmp_path, capsys):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": p, "id": i}) for i, p in enumerate(["abc", "hello there"])))
+    out = tmp_path / "report.json"
+    code = decode.main(["--model", tiny_gguf, "--prompts", str(prompts), "--prompt", "xyz", "--methods", "ar",
+                        "--max-new-tokens", "6", "--json", str(out)])
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert set(report) == {"model", "settings", "runs", "summary"}
+    assert report["model"] == "tiny" and report["settings"]["max_new_tokens"] == 6
+    assert [r["prompt"] for r in report["runs"]] == ["xyz", "abc", "hello there"]
+    for run in report["runs"]:
+        assert RUN_KEYS <= set(run)
+        assert 1 <= run["new_tokens"] == len(run["token_ids"]) <= 6
+        assert run["forwards"] == run["new_tokens"] and run["seconds"] > run["prefill_seconds"] > 0
+    assert SUMMARY_KEYS <= set(report["summary"]["ar"])
+    assert report["summary"]["ar"]["speedup_vs_ar"] == 1.0
+    assert report["summary"]["ar"]["tokens_per_forward"] == 1.0
+    printed = capsys.readouterr().out
+    assert "tok/s" in printed and "[2] hello there" in printed
+
+
+def test_txt_prompts_and_no_chat(tiny_gguf, tmp_path):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("abc\n\nbca\n")
+    out = tmp_path / "r.json"
+    assert decode.main(["--model", tiny_gguf, "--prompts", str(prompts), "--no-chat", "--max-new-tokens", "3",
+                        "--json", str(out)]) == 0
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["prompt"] for r in runs] == ["abc", "bca"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "/nonexistent/model.gguf"], "no such model name, file or directory"),
+    (["--methods", "ar,warp"], "unknown method(s) warp"),
+    (["--max-new-tokens", "0"], "--max-new-tokens must be positive"),
+    (["--prompt", "abc " * 200], "exceeds the model context of 128 tokens"),
+    (["--prompts", "/nonexistent/prompts.jsonl"], "prompts file /nonexistent/prompts.jsonl does not exist"),
+])
+def test_bad_input_is_one_clear_line(tiny_gguf, args, message, capsys):
+    if "--model" not in args:
+        args = ["--model", tiny_gguf, *args]
+    assert decode.main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: ") and message in err[-1]
+
+
+def test_malformed_jsonl_names_the_line(tiny_gguf, tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{"text": "no prompt field"}\n')
+    assert decode.main(["--model", tiny_gguf, "--prompts", str(bad)]) == 2
+    assert f"{bad}:2 has no string 'prompt' field" in capsys.readouterr().err
+
+
+def test_module_entry_point_exits_nonzero_on_corrupt_weights(tmp_path):
+    corrupt = tmp_path / "corrupt.gguf"
+    corrupt.write_bytes(b"GGUF" + os.urandom(64))
+    proc = subprocess.run([sys.executable, "-m", "jf_jax.decode", "--model", str(corrupt)], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, store.CACHE_ENV: str(tmp_path / "c")})
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "corrupt.gguf" in last
