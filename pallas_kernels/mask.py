@@ -13,7 +13,8 @@ The rule (Jacobi Forcing spec section 4.3, "noise-conditioned"): a key is visibl
 segment iff it is a context token at or before the query's position, or it is in the query's own stream and
 either in an earlier block or in the same block at or before the query's position. Noisy blocks thus see the
 prompt and earlier *noisy* blocks, clean blocks form a plain causal chain, and neither sees the other.
-``MASK_CLEAN_CONTEXT`` (the CLLM-style ablation) additionally lets noisy blocks see earlier *clean* blocks.
+``MASK_CLEAN_CONTEXT`` (the CLLM-style ablation, spec 4.4) lets noisy blocks see the earlier *clean* blocks
+instead of the earlier noisy ones.
 When every token is a context token the rule is plain causal attention.
 """
 
@@ -51,11 +52,14 @@ def allowed(q: TokenMeta, k: TokenMeta, kind: str = MASK_NOISE_CONDITIONED):
     same_segment = (q.segment >= 0) & (k.segment == q.segment)
     causal = k.position <= q.position
     context_key = (k.stream == STREAM_CONTEXT) & causal
-    same_stream = (k.stream == q.stream) & ((k.block < q.block) | ((k.block == q.block) & causal))
-    visible = context_key | same_stream
+    own_block = (k.stream == q.stream) & (k.block == q.block) & causal
+    # The stream whose earlier blocks a query sees: its own, except that under the clean-context mask a
+    # noisy block sees the earlier *clean* blocks instead of the earlier noisy ones.
+    context_stream = q.stream
     if kind == MASK_CLEAN_CONTEXT:
-        visible |= (q.stream == STREAM_NOISY) & (k.stream == STREAM_CLEAN) & (k.block < q.block)
-    return same_segment & visible
+        context_stream = jnp.where(q.stream == STREAM_NOISY, STREAM_CLEAN, q.stream)
+    earlier_blocks = (k.stream == context_stream) & (k.block < q.block)
+    return same_segment & (context_key | own_block | earlier_blocks)
 
 
 def dense_mask(q: TokenMeta, k: TokenMeta, kind: str = MASK_NOISE_CONDITIONED):

@@ -1,0 +1,301 @@
+"""Flash attention with the per-token Jacobi Forcing mask, skipping fully masked tiles (Pallas).
+
+Same signature and semantics as ``attention_reference``: q [B, T, H, D], k/v [B, S, K, D] (GQA, H a multiple
+of K), per-token ``TokenMeta`` for queries and keys, float32 softmax, zero output rows for queries that may
+attend nothing. Layers:
+
+1. *Tile schedule* (plain JAX, in the wrapper). Each query/key tile is summarised per stream (context, noisy,
+   clean) by the min/max of its valid tokens' position, block and segment. A conservative tile-level version
+   of ``mask.allowed`` over those intervals says which (query tile, key tile) pairs may hold a visible pair;
+   the visited key tiles of each query tile are compacted into a list. Skipped tiles are never loaded nor
+   computed: the kernel's key loop runs over the list only. Per stream, positions grow with the block index
+   in every layout we build, so the test is exact for them (not merely conservative); see the tests.
+2. *Kernel* (``_flash_kernel``): one program per (batch, head, query tile); online softmax in float32 over
+   the visited key tiles, evaluating ``mask.allowed`` elementwise from per-token data inside each tile.
+3. ``attention``: pads lengths to the tiles (padding tokens get segment -1: never visible, zero rows) and the
+   head dim to a power of two, picks tiles from ``tuning``, and runs on Triton (GPU) or in Pallas interpret
+   mode (chosen automatically on CPU). A ``jax.custom_vjp`` differentiates the reference for the backward.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+
+from pallas_kernels.attention_reference import attention_reference, check_attention_shapes
+from pallas_kernels.mask import (MASK_CLEAN_CONTEXT, MASK_KINDS, MASK_NOISE_CONDITIONED, STREAM_CLEAN,
+                                 STREAM_CONTEXT, STREAM_NOISY, TokenMeta, allowed)
+from pallas_kernels.tuning import BlockSizes, block_sizes_for
+
+BACKENDS = ("triton",)
+_STREAMS = (STREAM_CONTEXT, STREAM_NOISY, STREAM_CLEAN)
+# Sentinels for empty summaries: an empty set has min > max, so every interval comparison with it is False.
+_BIG = 1 << 30
+# Finite (not -inf) so that exp(s - m) never sees inf - inf; masked probabilities are zeroed explicitly.
+_MASK_VALUE = -1e30
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Tile schedule (plain JAX, runs in the wrapper)
+# ----------------------------------------------------------------------------------------------------------
+
+class TileSummary(NamedTuple):
+    """Per (row, tile, stream) min/max over the tile's valid tokens of that stream; fields [B, n_tiles, 3]."""
+
+    pos_min: jax.Array
+    pos_max: jax.Array
+    block_min: jax.Array
+    block_max: jax.Array
+    seg_min: jax.Array
+    seg_max: jax.Array
+
+
+def tile_summary(meta: TokenMeta, tile: int) -> TileSummary:
+    """Summaries of ``meta`` ([B, N] fields, N a multiple of ``tile``) per tile and per stream.
+
+    Padding tokens (segment < 0) take part in nothing, so they are left out: a tile of padding is empty.
+    Streams other than context/noisy/clean are not summarised (``mask.py`` defines only those three).
+    """
+    B, N = meta.position.shape
+    if N % tile:
+        raise ValueError(f"sequence length {N} is not a multiple of the tile {tile}")
+    split = lambda x: x.reshape(B, N // tile, 1, tile)  # noqa: E731
+    streams = jnp.asarray(_STREAMS, jnp.int32).reshape(1, 1, len(_STREAMS), 1)
+    member = (split(meta.segment) >= 0) & (split(meta.stream) == streams)  # [B, n, 3, tile]
+    lo = lambda x: jnp.min(jnp.where(member, split(x), _BIG), axis=-1)  # noqa: E731
+    hi = lambda x: jnp.max(jnp.where(member, split(x), -_BIG), axis=-1)  # noqa: E731
+    return TileSummary(lo(meta.position), hi(meta.position), lo(meta.block), hi(meta.block),
+                       lo(meta.segment), hi(meta.segment))
+
+
+def tile_visit_mask(q_meta: TokenMeta, k_meta: TokenMeta, block_q: int, block_k: int,
+                    mask_kind: str = MASK_NOISE_CONDITIONED):
+    """[B, T/block_q, S/block_k] bool: False only where no (query, key) pair of the two tiles is visible.
+
+    Mirrors ``mask.allowed`` clause by clause on intervals, for every (query stream, key stream) pair: an
+    interval comparison is True whenever some pair of members satisfies the elementwise one, so a skipped
+    tile pair is fully masked. Lengths must already be multiples of the tiles (``attention`` pads).
+    """
+    if mask_kind not in MASK_KINDS:
+        raise ValueError(f"unknown mask kind {mask_kind!r}; expected one of {MASK_KINDS}")
+    qs, ks = tile_summary(q_meta, block_q), tile_summary(k_meta, block_k)
+    Q = TileSummary(*(f[:, :, None, :, None] for f in qs))  # [B, nq, 1, 3 (q stream), 1]
+    K = TileSummary(*(f[:, None, :, None, :] for f in ks))  # [B, 1, nk, 1, 3 (k stream)]
+    sq = jnp.asarray(_STREAMS, jnp.int32)[:, None]
+    sk = jnp.asarray(_STREAMS, jnp.int32)[None, :]
+    same_segment = (K.seg_min <= Q.seg_max) & (Q.seg_min <= K.seg_max)
+    causal = K.pos_min <= Q.pos_max
+    earlier_block = K.block_min < Q.block_max
+    block_overlap = (K.block_min <= Q.block_max) & (Q.block_min <= K.block_max)
+    visible = ((sk == STREAM_CONTEXT) & causal) | ((sq == sk) & (earlier_block | (block_overlap & causal)))
+    if mask_kind == MASK_CLEAN_CONTEXT:
+        visible |= (sq == STREAM_NOISY) & (sk == STREAM_CLEAN) & earlier_block
+    return jnp.any(same_segment & visible, axis=(-2, -1))
+
+
+def tile_schedule(visit):
+    """Compacts a [B, nq, nk] visit mask into [B, nq, nk'] key-tile indices, ascending, padded with -1.
+
+    nk' is nk rounded up to a power of two because Triton tensors must have power-of-two shapes. The t-th
+    visited tile is the number of tiles whose inclusive visit count is <= t: a compare-and-sum, cheaper to
+    compile than a sort or a scatter.
+    """
+    B, nq, nk = visit.shape
+    slots = jnp.arange(pl.next_power_of_2(nk), dtype=jnp.int32)  # [nk']
+    counts = jnp.cumsum(visit.astype(jnp.int32), axis=-1)  # [B, nq, nk]
+    index = jnp.sum(counts[..., None, :] <= slots[:, None], axis=-1, dtype=jnp.int32)  # [B, nq, nk']
+    return jnp.where(slots < counts[..., -1:], index, -1)
+
+
+def tile_sparsity(q_meta: TokenMeta, k_meta: TokenMeta, *, block_q: int, block_k: int,
+                  mask_kind: str = MASK_NOISE_CONDITIONED):
+    """Fraction of (row, query tile, key tile) triples the kernel skips, after padding to the tiles."""
+    T, S = q_meta.position.shape[1], k_meta.position.shape[1]
+    visit = tile_visit_mask(pad_meta(q_meta, _round_up(T, block_q)), pad_meta(k_meta, _round_up(S, block_k)),
+                            block_q, block_k, mask_kind)
+    return 1.0 - jnp.mean(visit.astype(jnp.float32))
+
+
+def pad_meta(meta: TokenMeta, length: int) -> TokenMeta:
+    """Pads [B, N] metadata to ``length`` with padding tokens (segment -1: never visible, zero output)."""
+    extra = length - meta.position.shape[1]
+    fill = TokenMeta(position=0, segment=-1, stream=STREAM_CONTEXT, block=-1)
+    return TokenMeta(*(jnp.pad(jnp.asarray(f, jnp.int32), ((0, 0), (0, extra)), constant_values=c)
+                       for f, c in zip(meta, fill)))
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Kernel
+# ----------------------------------------------------------------------------------------------------------
+
+def _flash_kernel(schedule_ref, q_ref, k_ref, v_ref, q_meta_ref, k_meta_ref, o_ref, *, scale: float,
+                  block_k: int, mask_kind: str, precision):
+    """One (batch, head, query tile). Refs: schedule [nk'], q [bq, D], k/v [S, D], q-meta [4, bq],
+    k-meta [4, S] (TokenMeta fields stacked), out [bq, D]."""
+    block_q, head_dim = q_ref.shape
+    schedule = schedule_ref[...]
+    num_visits = jnp.sum((schedule >= 0).astype(jnp.int32))
+    lanes = lax.broadcasted_iota(jnp.int32, schedule.shape, 0)
+
+    q = q_ref[...]  # stays in registers / shared memory for the whole key loop
+    # Field rows are read from the refs (Triton cannot slice a loaded tensor).
+    q_meta = TokenMeta(*(q_meta_ref[i, :][:, None] for i in range(4)))  # fields [bq, 1]
+
+    def body(t, carry):
+        acc, m_prev, l_prev = carry
+        # Element t of the schedule, read as a masked reduction: a vector op every backend lowers.
+        tile = jnp.sum(jnp.where(lanes == t, schedule, 0))
+        keys = pl.ds(pl.multiple_of(tile * block_k, block_k), block_k)
+        k = k_ref[keys, :]  # [bk, D]
+        k_meta = TokenMeta(*(k_meta_ref[i, keys][None, :] for i in range(4)))  # fields [1, bk]
+        mask = allowed(q_meta, k_meta, mask_kind)  # [bq, bk]
+        s = jnp.dot(q, k.T, precision=precision, preferred_element_type=jnp.float32) * scale
+        s = jnp.where(mask, s, _MASK_VALUE)
+        # Online softmax (FlashAttention-2, section 3.1): rescale the running sums to the new row maximum.
+        m_next = jnp.maximum(m_prev, jnp.max(s, axis=-1))
+        correction = jnp.exp(m_prev - m_next)
+        # Explicit zeroing: in a row with nothing visible yet, m_next is _MASK_VALUE and exp(s - m) would be 1.
+        p = jnp.where(mask, jnp.exp(s - m_next[:, None]), 0.0)
+        l_next = correction * l_prev + jnp.sum(p, axis=-1)
+        v = v_ref[keys, :]
+        pv = jnp.dot(p.astype(v.dtype), v, precision=precision, preferred_element_type=jnp.float32)
+        return correction[:, None] * acc + pv, m_next, l_next
+
+    init = (jnp.zeros((block_q, head_dim), jnp.float32), jnp.full((block_q,), _MASK_VALUE, jnp.float32),
+            jnp.zeros((block_q,), jnp.float32))
+    acc, _, l = lax.fori_loop(0, num_visits, body, init)
+    # Rows that saw no visible key (padding, empty segments, empty schedules) have l == 0: output zeros.
+    denom = jnp.where(l > 0.0, l, 1.0)
+    o_ref[...] = jnp.where((l > 0.0)[:, None], acc / denom[:, None], 0.0).astype(o_ref.dtype)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Wrapper
+# ----------------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+    """Everything the jitted forward specialises on (hashable, passed as a static argument)."""
+
+    mask_kind: str
+    scale: float
+    block_sizes: BlockSizes
+    interpret: bool
+    backend: str
+
+
+@functools.partial(jax.jit, static_argnames=("static",))
+def _forward(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, static: _Static):
+    B, T, H, D = q.shape
+    S, K = k.shape[1], k.shape[2]
+    group = H // K
+    # Shrink tiles for short inputs (a decode block of 16 queries should not pay for a 128-row tile).
+    block_q = min(static.block_sizes.block_q, max(16, pl.next_power_of_2(T)))
+    block_k = min(static.block_sizes.block_k, max(16, pl.next_power_of_2(S)))
+    T_pad, S_pad = _round_up(T, block_q), _round_up(S, block_k)
+    # Zero-padding the head dim changes no dot product; Triton needs power-of-two dims of at least 16.
+    D_pad = max(16, pl.next_power_of_2(D))
+    q = jnp.pad(q, ((0, 0), (0, T_pad - T), (0, 0), (0, D_pad - D)))
+    k = jnp.pad(k, ((0, 0), (0, S_pad - S), (0, 0), (0, D_pad - D)))
+    v = jnp.pad(v, ((0, 0), (0, S_pad - S), (0, 0), (0, D_pad - D)))
+    q_meta, k_meta = pad_meta(q_meta, T_pad), pad_meta(k_meta, S_pad)
+
+    schedule = tile_schedule(tile_visit_mask(q_meta, k_meta, block_q, block_k, static.mask_kind))
+    num_q_tiles, schedule_len = schedule.shape[1], schedule.shape[2]
+
+    # float32 inputs: ask for full-precision dots (Triton would otherwise use TF32 on Ampere and later).
+    precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
+    kernel = functools.partial(_flash_kernel, scale=static.scale, block_k=block_k,
+                               mask_kind=static.mask_kind, precision=precision)
+    q_spec = pl.BlockSpec((None, block_q, None, D_pad), lambda b, h, i: (b, i, h, 0))
+    kv_spec = pl.BlockSpec((None, S_pad, None, D_pad), lambda b, h, i: (b, 0, h // group, 0))
+    # The four TokenMeta fields travel stacked as [B, 4, N] int32: one small load per tile instead of four.
+    in_specs = [pl.BlockSpec((None, None, schedule_len), lambda b, h, i: (b, i, 0)), q_spec, kv_spec, kv_spec,
+                pl.BlockSpec((None, 4, block_q), lambda b, h, i: (b, 0, i)),
+                pl.BlockSpec((None, 4, S_pad), lambda b, h, i: (b, 0, 0))]
+    compiler_params = None
+    if not static.interpret:
+        from jax.experimental.pallas import triton as plgpu  # GPU-only import, kept out of CPU paths
+
+        compiler_params = plgpu.CompilerParams(num_warps=static.block_sizes.num_warps,
+                                               num_stages=static.block_sizes.num_stages)
+    out = pl.pallas_call(
+        kernel,
+        grid=(B, H, num_q_tiles),
+        in_specs=in_specs,
+        out_specs=q_spec,
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        compiler_params=compiler_params,
+        interpret=static.interpret,
+        name="jf_flash_attention",
+    )(schedule, q, k, v, jnp.stack(q_meta, axis=1), jnp.stack(k_meta, axis=1))
+    return out[:, :T, :, :D]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _attention(q, k, v, q_meta, k_meta, static: _Static):
+    return _forward(q, k, v, q_meta, k_meta, static)
+
+
+def _attention_fwd(q, k, v, q_meta, k_meta, static: _Static):
+    return _forward(q, k, v, q_meta, k_meta, static), (q, k, v, q_meta, k_meta)
+
+
+@functools.partial(jax.jit, static_argnames=("mask_kind", "scale"))
+def _reference_grads(q, k, v, q_meta, k_meta, d_out, *, mask_kind: str, scale: float):
+    _, vjp = jax.vjp(lambda q, k, v: attention_reference(q, k, v, q_meta, k_meta, mask_kind=mask_kind,
+                                                         scale=scale), q, k, v)
+    return vjp(d_out)
+
+
+def _attention_bwd(static: _Static, residuals, d_out):
+    # Backward = differentiate the reference (style.md item 12): exact, but memory O(T*S) per head. A fused
+    # backward kernel would reuse the same tile schedule; it is not written yet.
+    q, k, v, q_meta, k_meta = residuals
+    dq, dk, dv = _reference_grads(q, k, v, q_meta, k_meta, d_out, mask_kind=static.mask_kind, scale=static.scale)
+    no_grad = lambda meta: TokenMeta(*(np.zeros(f.shape, jax.dtypes.float0) for f in meta))  # noqa: E731
+    return dq, dk, dv, no_grad(q_meta), no_grad(k_meta)
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+def attention(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, *, mask_kind: str = MASK_NOISE_CONDITIONED,
+              scale: float | None = None, block_sizes: BlockSizes | None = None, interpret: bool | None = None,
+              backend: str | None = None):
+    """Masked GQA attention, flash-style with masked tiles skipped; semantics of ``attention_reference``.
+
+    q: [B, T, H, D]; k, v: [B, S, K, D]; q_meta fields [B, T], k_meta fields [B, S] (int32). Returns
+    [B, T, H, D] in q's dtype. ``block_sizes``: tiles (default: ``tuning.block_sizes_for`` the first device).
+    ``interpret``: run the kernel in Pallas interpret mode (default: when JAX's default backend is CPU).
+    ``backend``: the compiled GPU variant, "triton" (default).
+    """
+    check_attention_shapes(q, k, v, q_meta, k_meta)
+    if mask_kind not in MASK_KINDS:
+        raise ValueError(f"unknown mask kind {mask_kind!r}; expected one of {MASK_KINDS}")
+    if q.dtype != k.dtype or q.dtype != v.dtype:
+        raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype} (shapes {q.shape}, {k.shape})")
+    if interpret is None:
+        # interpret=False off-GPU is allowed on purpose: it lets jax.export lower the Triton kernel on a CPU host.
+        interpret = jax.default_backend() == "cpu"
+    backend = "triton" if backend is None else backend
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
+    if block_sizes is None:
+        block_sizes = block_sizes_for()
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    q_meta = TokenMeta(*(jnp.asarray(f, jnp.int32) for f in q_meta))
+    k_meta = TokenMeta(*(jnp.asarray(f, jnp.int32) for f in k_meta))
+    return _attention(q, k, v, q_meta, k_meta, _Static(mask_kind, scale, block_sizes, bool(interpret), backend))

@@ -1,0 +1,71 @@
+"""Tile sizes of the flash-attention kernel, kept as data per device kind.
+
+The kernel reads its tiles from here rather than hard-coding them (style.md section 5: tokamax keeps tuned
+values per device as data). Keys are substrings matched case-insensitively against ``jax.Device.device_kind``
+("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "cpu", ...), in table order, so list specific names first.
+
+Provenance: none of the GPU rows has been autotuned in this project (no GPU was available when they were
+written). They are the starting points used by the Triton fused-attention tutorial and JAX's Pallas GPU
+attention for head_dim 64-128 (block_q 128 with block_k 64 on Ampere, deeper pipelines and 8 warps on
+Hopper/Blackwell, whose larger shared memory and register file hold a 128x128 tile). Replace a row with
+measured values from ``experiments/bench_attention.py --tiles ...`` (a sweep) when a GPU is at hand.
+
+Tile size also sets how finely masked regions are skipped: the packed Jacobi Forcing layout is made of
+n-token blocks (n = 16..64), so tiles much larger than n see mixed noisy/clean content and skip less
+(see pallas_kernels/README.md for the measured fractions).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BlockSizes:
+    """Tiles and launch parameters of the forward kernel (hashable: it is a static argument of the jit)."""
+
+    block_q: int
+    """Query rows per program (one program = one (batch, head, query tile))."""
+    block_k: int
+    """Key rows per inner-loop step; the unit at which fully masked work is skipped."""
+    num_warps: int = 4
+    """Triton: warps per program."""
+    num_stages: int = 2
+    """Triton: software-pipelining depth of the key loop."""
+
+    def __post_init__(self):
+        for name in ("block_q", "block_k"):
+            value = getattr(self, name)
+            # Triton tensors must have power-of-two shapes, and tl.dot needs at least 16 rows/columns.
+            if not isinstance(value, int) or value < 16 or value & (value - 1):
+                raise ValueError(f"{name} must be a power of two >= 16, got {value!r}")
+        if self.num_warps <= 0 or self.num_stages <= 0:
+            raise ValueError(f"num_warps and num_stages must be positive, got {self.num_warps}, {self.num_stages}")
+
+
+# Device-kind substring -> tiles. First match wins; "default" is the fallback.
+TILE_SIZES: dict[str, BlockSizes] = {
+    "B200": BlockSizes(block_q=128, block_k=128, num_warps=8, num_stages=3),
+    "H200": BlockSizes(block_q=128, block_k=128, num_warps=8, num_stages=3),
+    "H100": BlockSizes(block_q=128, block_k=64, num_warps=8, num_stages=3),
+    "A100": BlockSizes(block_q=128, block_k=64, num_warps=4, num_stages=3),
+    # Interpret mode runs one grid step at a time on the host: larger tiles mean fewer, vectorised steps.
+    "cpu": BlockSizes(block_q=64, block_k=64),
+    "default": BlockSizes(block_q=64, block_k=64, num_warps=4, num_stages=2),
+}
+
+
+def block_sizes_for(device_kind: str | None = None, table: dict[str, BlockSizes] | None = None) -> BlockSizes:
+    """Tiles for ``device_kind`` (default: the first JAX device's kind) from ``table`` (default ``TILE_SIZES``)."""
+    table = TILE_SIZES if table is None else table
+    if device_kind is None:
+        import jax  # local: keeps this module importable as plain data
+
+        device_kind = jax.devices()[0].device_kind
+    kind = device_kind.lower()
+    for key, sizes in table.items():
+        if key != "default" and key.lower() in kind:
+            return sizes
+    if "default" not in table:
+        raise ValueError(f"no tile sizes for device kind {device_kind!r} and no 'default' entry in {sorted(table)}")
+    return table["default"]
