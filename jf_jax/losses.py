@@ -1,0 +1,97 @@
+"""Jacobi Forcing losses on a packed batch (spec Decision 5, sections 5 and 11.8-11.9).
+
+One forward over the packed rows gives float32 logits ``z`` [B, L, V] (computed once: the teacher logits are
+the clean-stream logits the AR loss uses anyway). With ``lse = logsumexp(z)``:
+
+* AR: ``ce[p] = lse[p] - z[p, ar_target[p]]``; ``ar = sum(ar_weight * ce) / sum(ar_weight)``.
+* Consistency, per pair (student s, teacher t) of ``cons_student / cons_teacher``:
+  ``soft_ce = lse[s] - sum_v softmax(stop_gradient(z[t]))_v * z[s, v]``
+  (= KL(teacher || student) + teacher entropy; temperature 1), and
+  ``consistency = sum(cons_weight * soft_ce) / #kept`` with ``cons_weight = 1/T`` of the pair's sequence and
+  #kept the number of pairs. For one sequence this is exactly "token-mean over kept positions divided by the
+  number of blocks"; in a batch every pair keeps its own sequence's 1/T and the token-mean runs over the batch.
+* ``total = ar_weight * ar + consistency_weight * consistency``.
+
+Normalisers are counts over the *whole* batch, computed from the data alone (``loss_normalizers``), so gradient
+accumulation over micro-batches sums ``weighted_sums / normalizers`` and equals the full-batch gradient, and
+a sequence's loss does not depend on how the rows were packed or padded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from jf_jax import model
+from jf_jax.config import ModelConfig
+from jf_jax.params import Params
+from pallas_kernels.mask import MASK_KINDS, MASK_NOISE_CONDITIONED, TokenMeta
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LossConfig:
+    ar_weight: float = 10.0
+    """Weight of the AR loss (REF uses 10)."""
+    consistency_weight: float = 1.0
+    train_prompt: bool = True
+    """Whether prompt-internal next-token pairs are AR targets (REF: yes). Applied when packing."""
+    mask: str = MASK_NOISE_CONDITIONED
+    """"noise_conditioned" (the method) or "clean_context" (the CLLM*-style ablation)."""
+
+    def __post_init__(self):
+        if self.mask not in MASK_KINDS:
+            raise ValueError(f"loss.mask must be one of {MASK_KINDS}, got {self.mask!r}")
+        if self.ar_weight < 0 or self.consistency_weight < 0:
+            raise ValueError("loss weights must be >= 0")
+
+
+def batch_meta(batch) -> TokenMeta:
+    return TokenMeta(position=batch["position"], segment=batch["segment"], stream=batch["stream"],
+                     block=batch["block"])
+
+
+def loss_normalizers(batch) -> dict:
+    """Token counts of a (full, not micro) batch: the denominators of both losses (at least 1)."""
+    return dict(ar=jnp.maximum(jnp.sum(batch["ar_weight"]), 1.0),
+                consistency=jnp.maximum(jnp.sum((batch["cons_weight"] > 0).astype(jnp.float32)), 1.0))
+
+
+def _gather_rows(x, index):
+    """x [B, L, ...], index [B, M] -> [B, M, ...]."""
+    return jax.vmap(lambda xb, ib: xb[ib])(x, index)
+
+
+def weighted_sums_from_logits(z, batch) -> dict:
+    """Un-normalised loss sums from float32 logits z [B, L, V]: {"ar": sum w*ce, "consistency": sum w*soft_ce}."""
+    lse = jax.nn.logsumexp(z, axis=-1)  # [B, L]
+    target_logit = jnp.take_along_axis(z, batch["ar_target"][..., None], axis=-1)[..., 0]  # [B, L]
+    ar = jnp.sum(batch["ar_weight"] * (lse - target_logit))
+
+    student = _gather_rows(z, batch["cons_student"])  # [B, M, V]
+    teacher = jax.lax.stop_gradient(_gather_rows(z, batch["cons_teacher"]))  # [B, M, V]
+    student_lse = _gather_rows(lse, batch["cons_student"])  # [B, M]
+    soft_ce = student_lse - jnp.sum(jax.nn.softmax(teacher, axis=-1) * student, axis=-1)
+    consistency = jnp.sum(batch["cons_weight"] * soft_ce)
+    return dict(ar=ar, consistency=consistency)
+
+
+def weighted_sums(params: Params, cfg: ModelConfig, batch, lcfg: LossConfig) -> dict:
+    """Runs the model on a packed batch and returns the un-normalised loss sums."""
+    hidden, _ = model.forward(params, cfg, batch["tokens"], meta=batch_meta(batch), mask_kind=lcfg.mask)
+    return weighted_sums_from_logits(model.logits(params, cfg, hidden), batch)
+
+
+def combine(sums: dict, norms: dict, lcfg: LossConfig) -> tuple[jax.Array, dict]:
+    """(total loss, metrics) from weighted sums and normalisers."""
+    ar = sums["ar"] / norms["ar"]
+    consistency = sums["consistency"] / norms["consistency"]
+    total = lcfg.ar_weight * ar + lcfg.consistency_weight * consistency
+    return total, {"loss/total": total, "loss/ar": ar, "loss/consistency": consistency}
+
+
+def loss_fn(params: Params, cfg: ModelConfig, batch, lcfg: LossConfig, norms: dict | None = None):
+    """Total loss of ``batch`` (a micro-batch when ``norms`` come from the full batch) and its metrics."""
+    norms = loss_normalizers(batch) if norms is None else norms
+    return combine(weighted_sums(params, cfg, batch, lcfg), norms, lcfg)

@@ -1,0 +1,69 @@
+"""The layout of a training run directory, and reading a trained model back from it.
+
+::
+
+    RUN_DIR/config.yaml          the TrainConfig of the run (after key=value overrides)
+    RUN_DIR/model_config.json    ModelConfig.to_dict() of the trained model
+    RUN_DIR/metrics.jsonl        one JSON object per logged step: {"step": s, "loss/total": ..., ...}
+    RUN_DIR/loss_curve.png       loss curves drawn from metrics.jsonl
+    RUN_DIR/checkpoints/<step>/  orbax CheckpointManager steps: the whole TrainState (step, params, opt_state)
+    RUN_DIR/params/              orbax StandardSave of the final parameters (the ``jf_jax.params`` tree)
+    RUN_DIR/trajectories/        trajectories collected by the run itself (synthetic data source only)
+
+``load_run(RUN_DIR)`` returns ``(ModelConfig, params)`` from ``model_config.json`` and ``params/``; this is
+what a decoder CLI loads for ``--model RUN_DIR``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import orbax.checkpoint as ocp
+
+from jf_jax.config import ModelConfig
+from jf_jax.params import Params, abstract_params, check_params
+
+CONFIG_FILE = "config.yaml"
+MODEL_CONFIG_FILE = "model_config.json"
+METRICS_FILE = "metrics.jsonl"
+LOSS_CURVE_FILE = "loss_curve.png"
+CHECKPOINT_DIR = "checkpoints"
+PARAMS_DIR = "params"
+TRAJECTORY_DIR = "trajectories"
+
+
+def save_model_config(run_dir: str, cfg: ModelConfig) -> None:
+    with open(os.path.join(run_dir, MODEL_CONFIG_FILE), "w") as f:
+        json.dump(cfg.to_dict(), f, indent=1)
+
+
+def load_model_config(run_dir: str) -> ModelConfig:
+    with open(os.path.join(run_dir, MODEL_CONFIG_FILE)) as f:
+        return ModelConfig.from_dict(json.load(f))
+
+
+def export_params(run_dir: str, cfg: ModelConfig, params: Params) -> str:
+    """Writes ``params/`` (replacing an older export) and ``model_config.json``; returns the params path."""
+    path = os.path.abspath(os.path.join(run_dir, PARAMS_DIR))
+    save_model_config(run_dir, cfg)
+    with ocp.StandardCheckpointer() as ckptr:
+        ckptr.save(path, params, force=True)
+        ckptr.wait_until_finished()
+    return path
+
+
+def load_run(run_dir: str, sharding=None) -> tuple[ModelConfig, Params]:
+    """(ModelConfig, params) of a run directory; ``sharding`` (one Sharding for all leaves) defaults to the
+    first local device."""
+    cfg = load_model_config(run_dir)
+    path = os.path.abspath(os.path.join(run_dir, PARAMS_DIR))
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"{run_dir} has no exported {PARAMS_DIR}/ (did the run finish?)")
+    sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), abstract_params(cfg))
+    with ocp.StandardCheckpointer() as ckptr:
+        params = ckptr.restore(path, target)
+    check_params(cfg, params, source=f"params in {path}")
+    return cfg, params

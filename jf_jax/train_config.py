@@ -1,0 +1,216 @@
+"""Training configuration: frozen dataclasses loaded from ``configs/*.yaml`` plus ``key=value`` overrides.
+
+Unknown keys (in the YAML or in an override) are rejected with their dotted path, e.g.
+``unknown config key 'data.bukets' (known keys of data: ...)``. Override values are parsed as YAML scalars
+(``optim.learning_rate=3e-4``, ``data.buckets=[128,256]``, ``model.path=null``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, Mapping, Sequence
+
+import yaml
+
+from jf_jax.losses import LossConfig
+from jf_jax.noise_schedule import SCHEDULES
+from jf_jax.train_state import OptimConfig
+
+MODEL_SOURCES = ("random", "run")
+DATA_SOURCES = ("trajectories", "synthetic")
+
+
+class ConfigKeyError(ValueError):
+    """A configuration file or override names a key that does not exist, or a value of the wrong type."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelSection:
+    source: str = "random"
+    """"random" (init from ``config`` and the run seed) or "run" (params of a finished run dir at ``path``)."""
+    path: str | None = None
+    config: dict | None = None
+    """ModelConfig fields (``jf_jax.config.ModelConfig``) for ``source: random``."""
+
+    def __post_init__(self):
+        if self.source not in MODEL_SOURCES:
+            raise ConfigKeyError(f"model.source must be one of {MODEL_SOURCES}, got {self.source!r}")
+        if self.source == "random" and not self.config:
+            raise ConfigKeyError("model.source=random needs model.config (ModelConfig fields)")
+        if self.source == "run" and not self.path:
+            raise ConfigKeyError("model.source=run needs model.path (a training run directory)")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SyntheticSection:
+    """A synthetic next-token task with fake Jacobi trajectories (``jf_jax.synthetic``), for smoke runs."""
+
+    num_prompts: int = 64
+    prompt_len: int = 8
+    num_blocks: int = 4
+    vocab_size: int = 64
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DataSection:
+    source: str = "trajectories"
+    path: str | None = None
+    """Trajectory directory (``jf_jax.trajectories``) for ``source: trajectories``."""
+    block_size: int = 16
+    window: int = 16
+    schedule: str = "progressive"
+    eos_id: int | None = None
+    pad_id: int = 0
+    batch_size: int = 1
+    buckets: tuple[int, ...] = (256, 512, 1024)
+    pack_rows: bool = False
+    """Pack several sequences into one row (segments) instead of one sequence per padded row."""
+    seed: int = 0
+    """Seeds the data order and the random noise schedule."""
+    synthetic: SyntheticSection = SyntheticSection()
+
+    def __post_init__(self):
+        if self.source not in DATA_SOURCES:
+            raise ConfigKeyError(f"data.source must be one of {DATA_SOURCES}, got {self.source!r}")
+        if self.source == "trajectories" and not self.path:
+            raise ConfigKeyError("data.source=trajectories needs data.path")
+        if self.schedule not in SCHEDULES:
+            raise ConfigKeyError(f"data.schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LoopSection:
+    steps: int = 100
+    ckpt_every: int = 50
+    keep_checkpoints: int = 3
+    log_every: int = 1
+    """Metrics are written to JSONL every ``log_every`` steps (losses are checked for NaN every step)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MeshSection:
+    data: int = 1
+    fsdp: int = -1
+    """-1: all devices not used by ``data``."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    run_name: str = "run"
+    seed: int = 0
+    """Seeds random parameter init."""
+    model: ModelSection
+    data: DataSection
+    loss: LossConfig = LossConfig()
+    optim: OptimConfig = OptimConfig()
+    train: LoopSection = LoopSection()
+    mesh: MeshSection = MeshSection()
+
+    def to_dict(self) -> dict:
+        return _to_plain(dataclasses.asdict(self))
+
+
+def _to_plain(x):
+    if isinstance(x, dict):
+        return {k: _to_plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_to_plain(v) for v in x]
+    return x
+
+
+def _convert(tp, value, path: str):
+    """Checks/coerces ``value`` to the annotated type ``tp``."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _convert(arg, value, path)
+            except ConfigKeyError as e:
+                errors.append(str(e))
+        raise ConfigKeyError(errors[0] if errors else f"{path}: bad value {value!r}")
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, Mapping):
+            raise ConfigKeyError(f"{path} must be a mapping, got {value!r}")
+        return _build(tp, value, path)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigKeyError(f"{path} must be a list, got {value!r}")
+        return tuple(_convert(args[0], v, f"{path}[{i}]") for i, v in enumerate(value))
+    if tp is dict or origin is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigKeyError(f"{path} must be a mapping, got {value!r}")
+        return dict(value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigKeyError(f"{path} must be true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigKeyError(f"{path} must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads "1e-5" as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigKeyError(f"{path} must be a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigKeyError(f"{path} must be a string, got {value!r}")
+        return value
+    raise ConfigKeyError(f"{path}: unsupported field type {tp}")
+
+
+def _build(cls, data: Mapping[str, Any], path: str = ""):
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in fields:
+            where = f"{path}.{key}" if path else key
+            raise ConfigKeyError(f"unknown config key {where!r} (known keys of {path or 'the top level'}: "
+                                 f"{', '.join(fields)})")
+    kwargs = {k: _convert(hints[k], v, f"{path}.{k}" if path else k) for k, v in data.items()}
+    try:
+        return cls(**kwargs)
+    except TypeError as e:  # a required field is missing
+        raise ConfigKeyError(f"{path or 'config'}: {e}") from None
+    except ValueError as e:
+        if isinstance(e, ConfigKeyError):
+            raise
+        raise ConfigKeyError(f"{path or 'config'}: {e}") from None
+
+
+def apply_overrides(data: dict, overrides: Sequence[str]) -> dict:
+    """Applies ``a.b.c=value`` strings to a nested dict (values parsed as YAML)."""
+    data = _to_plain(data)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigKeyError(f"override {item!r} is not of the form key=value")
+        key, raw = item.split("=", 1)
+        node, parts = data, key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigKeyError(f"override {item!r}: {part!r} is not a section")
+        node[parts[-1]] = yaml.safe_load(raw)
+    return data
+
+
+def config_from_dict(data: Mapping[str, Any], overrides: Sequence[str] = ()) -> TrainConfig:
+    return _build(TrainConfig, apply_overrides(dict(data), overrides))
+
+
+def load_config(path: str, overrides: Sequence[str] = ()) -> TrainConfig:
+    with open(path) as f:
+        data = yaml.safe_load(f) or {}
+    if not isinstance(data, dict):
+        raise ConfigKeyError(f"{path}: the top level must be a mapping")
+    return config_from_dict(data, overrides)

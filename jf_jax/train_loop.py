@@ -1,0 +1,210 @@
+"""The host training loop: data, model, optimizer, mesh, checkpoints, metrics (run-dir layout: ``jf_jax.run_dir``).
+
+* Exact resume: the state (step, params, optimizer state) is checkpointed with an orbax CheckpointManager
+  (atomic: written to a temporary directory and renamed; keep-N). Batches are a pure function of
+  (data seed, step) (``packing.BatchStream``) and the step uses no device randomness, so a run killed at any
+  point and restarted with the same run dir replays the same batches from the last checkpoint and produces
+  the same losses as an uninterrupted run. Metrics lines logged after that checkpoint are dropped on resume.
+* A non-finite loss stops the run with ``NonFiniteLossError`` before anything of that step is saved: the
+  newest checkpoint stays the last good one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from typing import Callable
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import yaml
+from tqdm.auto import tqdm
+
+from jf_jax import run_dir as rd
+from jf_jax.config import ModelConfig
+from jf_jax.packing import BatchStream, example_from_records, pack_example
+from jf_jax.params import abstract_params, init_params
+from jf_jax.sharding import ShardingRules, make_mesh
+from jf_jax.synthetic import SyntheticRecorder, make_prompts
+from jf_jax.train_config import ConfigKeyError, TrainConfig
+from jf_jax.train_state import TrainState, abstract_state, init_state, make_optimizer, state_shardings
+from jf_jax.train_step import make_train_step, put_batch
+from jf_jax.trajectories import collect, load_responses, read_manifest
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss became NaN or infinite; the run stopped and kept its last good checkpoint."""
+
+
+@dataclasses.dataclass
+class TrainResult:
+    run_dir: str
+    step: int
+    """Completed steps when the loop returned."""
+    metrics: dict[int, dict[str, float]]
+    """Metrics of every step run by this call, keyed by the step count after it (1-based)."""
+    num_sequences: int
+
+
+def model_config(tcfg: TrainConfig) -> ModelConfig:
+    if tcfg.model.source == "random":
+        return ModelConfig.from_dict(tcfg.model.config)
+    return rd.load_model_config(tcfg.model.path)
+
+
+def initial_params(tcfg: TrainConfig, cfg: ModelConfig) -> dict:
+    """Random params (jitted init, seeded by ``tcfg.seed``) or the params of the run dir ``model.path``."""
+    if tcfg.model.source == "random":
+        return jax.jit(init_params, static_argnums=0)(cfg, jax.random.key(tcfg.seed))
+    return rd.load_run(tcfg.model.path)[1]
+
+
+def build_stream(tcfg: TrainConfig, run_dir: str, vocab_size: int, progress: bool = True) -> BatchStream:
+    d = tcfg.data
+    path = d.path
+    if d.source == "synthetic":
+        s = d.synthetic
+        path = os.path.join(run_dir, rd.TRAJECTORY_DIR)
+        prompts = make_prompts(s.num_prompts, s.prompt_len, s.vocab_size, seed=d.seed)
+        collect(prompts, SyntheticRecorder(d.block_size, s.num_blocks, s.vocab_size), path,
+                block_size=d.block_size, progress=progress, metadata={"source": "synthetic"})
+    block_size = read_manifest(path)["block_size"]
+    if block_size != d.block_size:
+        raise ConfigKeyError(f"data.block_size={d.block_size} but {path} holds blocks of {block_size}")
+    rng = np.random.default_rng([d.seed, 1])  # only the random schedule draws from it
+    sequences = [pack_example(example_from_records(recs, d.window, d.schedule, rng), eos_id=d.eos_id,
+                              pad_id=d.pad_id, train_prompt=tcfg.loss.train_prompt)
+                 for recs in load_responses(path)]
+    top = max(int(s.tokens.max()) for s in sequences)
+    if top >= vocab_size:
+        raise ValueError(f"trajectories in {path} hold token id {top}, outside the model vocabulary ({vocab_size})")
+    return BatchStream(sequences, batch_size=d.batch_size, buckets=d.buckets, pad_id=d.pad_id, seed=d.seed,
+                       pack_rows=d.pack_rows)
+
+
+def _snapshot_config(tcfg: TrainConfig, run_dir: str) -> None:
+    path = os.path.join(run_dir, rd.CONFIG_FILE)
+    current = tcfg.to_dict()
+    if os.path.exists(path):
+        with open(path) as f:
+            previous = yaml.safe_load(f)
+        if previous != current:
+            raise ConfigKeyError(f"{run_dir} holds a run with a different config ({path}); resuming it with another "
+                                 "config would not reproduce it. Use a new run directory.")
+        return
+    with open(path, "w") as f:
+        yaml.safe_dump(current, f, sort_keys=False)
+
+
+def _truncate_metrics(path: str, last_step: int) -> None:
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        lines = [ln for ln in f if ln.strip() and json.loads(ln)["step"] <= last_step]
+    with open(path, "w") as f:
+        f.writelines(lines)
+
+
+def plot_metrics(run_dir: str) -> str | None:
+    """Draws loss/total, loss/ar and loss/consistency from metrics.jsonl into loss_curve.png."""
+    path = os.path.join(run_dir, rd.METRICS_FILE)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        rows = [json.loads(ln) for ln in f if ln.strip()]
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = ("loss/total", "loss/ar", "loss/consistency")
+    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3))
+    steps = [r["step"] for r in rows]
+    for ax, key in zip(axes, keys):
+        ax.plot(steps, [r.get(key, math.nan) for r in rows])
+        ax.set_title(key)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    out = os.path.join(run_dir, rd.LOSS_CURVE_FILE)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def _to_tree(state: TrainState) -> dict:
+    return {"step": state.step, "params": state.params, "opt_state": state.opt_state}
+
+
+def run_training(tcfg: TrainConfig, run_dir: str, *, progress: bool = True, stop_at_step: int | None = None,
+                 on_step: Callable[[int, dict], None] | None = None, devices=None,
+                 rules: ShardingRules = ShardingRules()) -> TrainResult:
+    """Trains (or resumes) the run in ``run_dir`` up to ``tcfg.train.steps`` (or ``stop_at_step``).
+
+    on_step(step, metrics) is called after each finished, checked and checkpointed step.
+    """
+    os.makedirs(run_dir, exist_ok=True)
+    _snapshot_config(tcfg, run_dir)
+    cfg = model_config(tcfg)
+    rd.save_model_config(run_dir, cfg)
+    stream = build_stream(tcfg, run_dir, cfg.vocab_size, progress)
+
+    total = tcfg.train.steps
+    mesh = make_mesh(tcfg.mesh.data, tcfg.mesh.fsdp, devices)
+    optimizer = make_optimizer(cfg, tcfg.optim, total)
+    shardings = state_shardings(cfg, optimizer, abstract_params(cfg), mesh, rules)
+    step_fn = make_train_step(cfg, tcfg.loss, tcfg.optim, total, mesh, rules, shardings)
+
+    ckpt_dir = os.path.abspath(os.path.join(run_dir, rd.CHECKPOINT_DIR))
+    options = ocp.CheckpointManagerOptions(max_to_keep=tcfg.train.keep_checkpoints,
+                                           save_interval_steps=tcfg.train.ckpt_every,
+                                           enable_async_checkpointing=False, create=True)
+    metrics_path = os.path.join(run_dir, rd.METRICS_FILE)
+    results: dict[int, dict[str, float]] = {}
+    with ocp.CheckpointManager(ckpt_dir, options=options) as mngr:
+        latest = mngr.latest_step()
+        if latest is None:
+            params = jax.device_put(initial_params(tcfg, cfg), shardings.params)
+            state = jax.jit(lambda p: init_state(p, optimizer), out_shardings=shardings)(params)
+        else:
+            target = _to_tree(abstract_state(cfg, optimizer, abstract_params(cfg), shardings))
+            tree = mngr.restore(latest, args=ocp.args.StandardRestore(target))
+            state = TrainState(step=tree["step"], params=tree["params"], opt_state=tree["opt_state"])
+        start = int(state.step)
+        _truncate_metrics(metrics_path, start)
+        end = total if stop_at_step is None else min(total, stop_at_step)
+        bar = tqdm(total=total, initial=start, desc=tcfg.run_name, unit="step", disable=not progress)
+        with open(metrics_path, "a") as metrics_file:
+            for step in range(start, end):
+                state, metrics = step_fn(state, put_batch(stream.batch(step), mesh, rules))
+                m = {k: float(v) for k, v in jax.device_get(metrics).items()}
+                done = step + 1
+                if not all(math.isfinite(m[k]) for k in ("loss/total", "loss/ar", "loss/consistency")):
+                    metrics_file.close()
+                    plot_metrics(run_dir)
+                    raise NonFiniteLossError(
+                        f"non-finite loss at step {done} (loss/total={m['loss/total']}, loss/ar={m['loss/ar']}, "
+                        f"loss/consistency={m['loss/consistency']}, grad_norm={m['learning/grad_norm']}); "
+                        f"stopped without saving it. Last good checkpoint: step {mngr.latest_step()} in "
+                        f"{ckpt_dir}. Lower the learning rate or inspect the batch of step {done}.")
+                if done % tcfg.train.log_every == 0 or done == total:
+                    metrics_file.write(json.dumps({"step": done, **m}) + "\n")
+                    metrics_file.flush()
+                mngr.save(done, args=ocp.args.StandardSave(_to_tree(state)), force=done == total)
+                results[done] = m
+                bar.update(1)
+                bar.set_postfix(loss=f"{m['loss/total']:.4f}")
+                if on_step is not None:
+                    on_step(done, m)
+        bar.close()
+        mngr.wait_until_finished()
+        final_step = int(state.step)
+        if final_step == total:
+            rd.export_params(run_dir, cfg, jax.device_get(state.params))
+    plot_metrics(run_dir)
+    return TrainResult(run_dir=run_dir, step=final_step, metrics=results, num_sequences=len(stream.sequences))

@@ -1,0 +1,67 @@
+"""Runs one train step on 1 device and on a 2x4 ("data", "fsdp") mesh of 8 simulated CPU devices.
+
+Started by tests/test_train.py in a subprocess with XLA_FLAGS=--xla_force_host_platform_device_count=8; prints
+a JSON report on its last stdout line. The sharded step runs with grad_accum=2, the single-device one without,
+so the comparison also covers gradient accumulation.
+"""
+
+import dataclasses
+import json
+
+import jax
+import numpy as np
+
+from jf_jax.losses import LossConfig
+from jf_jax.packing import BatchStream, example_from_records, pack_example
+from jf_jax.sharding import ShardingRules, make_mesh
+from jf_jax.synthetic import SyntheticRecorder, make_prompts
+from jf_jax.train_state import OptimConfig, init_state, make_optimizer, state_shardings
+from jf_jax.train_step import make_train_step, put_batch
+from jf_jax.trajectories import Record
+from train_helpers import TINY, numpy_params
+
+
+def batch():
+    recorder = SyntheticRecorder(block_size=4, num_blocks=3, vocab_size=TINY.vocab_size)
+    seqs = []
+    for eid, prompt in enumerate(make_prompts(8, 6, TINY.vocab_size, seed=0)):
+        context, recs = prompt, []
+        for j, states in enumerate(recorder(prompt)):
+            recs.append(Record(eid, j, context, states))
+            context = np.concatenate([context, states[-1]])
+        seqs.append(pack_example(example_from_records(recs, 4), eos_id=1, pad_id=0))
+    return BatchStream(seqs, batch_size=8, buckets=[32], pad_id=0).batch(0)
+
+
+def run(mesh, ocfg, host_batch):
+    rules, lcfg, steps = ShardingRules(), LossConfig(), 10
+    optimizer = make_optimizer(TINY, ocfg, steps)
+    params = numpy_params(TINY, seed=0)
+    shardings = state_shardings(TINY, optimizer, params, mesh, rules)
+    state = jax.device_put(init_state(params, optimizer), shardings)
+    step = make_train_step(TINY, lcfg, ocfg, steps, mesh, rules, shardings)
+    for _ in range(2):  # two steps so Adam's moments (sharded like the params) are exercised too
+        state, metrics = step(state, put_batch(host_batch, mesh, rules))
+    return state, {k: float(v) for k, v in metrics.items()}, shardings
+
+
+def main():
+    host_batch = batch()
+    ocfg = OptimConfig(learning_rate=1e-2, warmup_steps=0, clip_norm=1.0, weight_decay=0.1)
+    single_state, single_metrics, _ = run(make_mesh(1, 1, jax.devices()[:1]), ocfg, host_batch)
+    ref = jax.device_get(single_state.params)
+    report = {"devices": jax.device_count()}
+    mesh = make_mesh(2, 4)
+    report["mesh"] = dict(mesh.shape)
+    for name, cfg in (("sharded_accum2", dataclasses.replace(ocfg, grad_accum=2)),):
+        state, metrics, shardings = run(mesh, cfg, host_batch)
+        diffs = jax.tree.map(lambda a, b: float(np.max(np.abs(np.asarray(a) - b))), jax.device_get(state.params), ref)
+        report[name] = {"max_param_diff": max(jax.tree.leaves(diffs)),
+                        "metrics_diff": {k: abs(metrics[k] - single_metrics[k]) / max(1.0, abs(single_metrics[k]))
+                                         for k in single_metrics}}
+        report["params_sharded"] = "fsdp" in str(shardings.params["layers"]["wq"].spec)
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
