@@ -48,18 +48,11 @@ def loads(tmp_path_factory):
 @pytest.fixture(scope="module")
 def hf_model(loads):
     """transformers' model with transformers' GGUF config and tensors (one read of the file: it is slow)."""
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+    from jf_jax.weights.hf_reference import transformers_model_from_gguf
 
-    # Only the parameter names of this skeleton are used, to map GGUF names; it holds no memory.
-    with torch.device("meta"):
-        skeleton = transformers.LlamaForCausalLM(transformers.LlamaConfig(num_hidden_layers=loads[0].cfg.num_layers))
-    parsed = load_gguf_checkpoint(loads[0].source, return_tensors=True, model_to_load=skeleton)
-    config = transformers.AutoConfig.for_model(**parsed["config"])
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    result = model.load_state_dict(parsed["tensors"], strict=False)
-    assert list(result.missing_keys) == ["lm_head.weight"] and not result.unexpected_keys  # tied to the embedding
-    model.tie_weights()
-    return model.eval()
+    model = transformers_model_from_gguf(loads[0].source, loads[0].cfg.num_layers)
+    assert model.config.tie_word_embeddings
+    return model
 
 
 def test_cached_load_is_identical_and_faster(loads):
