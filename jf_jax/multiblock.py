@@ -1,0 +1,242 @@
+"""Multi-block Jacobi decoding with rejection recycling, method "mr" (spec section 7.1, Decisions 6-7).
+
+Up to K blocks of n tokens are in flight in one row of width K*n at consecutive positions after the committed
+cache: the real-active (RA) block's remaining draft, then the pseudo-active (PA) blocks, each a full n-token
+Jacobi iterate conditioned on the (unverified) tokens before it. One forward (plus recycled candidate rows,
+see ``jf_jax.recycling``) updates everything at once:
+
+* the RA's longest verified prefix is committed (KV kept by moving the cache length), capped at the RA's end,
+  at EOS and at ``max_new_tokens`` exactly as in ``jf_jax.jacobi``;
+* every in-flight position takes the prediction made at the position before it (the Jacobi update), so the
+  new row is the predictions shifted past the accepted tokens: the RA draft becomes
+  ``[correction] ++ predictions`` and the PA blocks are refined in the same pass;
+* a PA block's progress is the leading run of its tokens that agreed with the model in this forward;
+* spawn: when fewer than K blocks are in flight and the newest block has at least ``ceil(r*n)`` accepted
+  (RA) or agreeing (PA) tokens, a block ``[prediction for its first position] ++ (n-1) context draws`` is
+  appended;
+* promotion: when the RA completes, the first PA block becomes the RA with its refined content (its first
+  token is then the RA's bonus token) and is re-verified from scratch by the next forward: its work is carried
+  over (REF discards it). With no PA block, the next RA is ``[bonus] ++ (n-1) context draws``.
+
+Only the RA's verified tokens are ever emitted, so the output equals greedy AR decoding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+
+from jf_jax.ar_decode import is_eos
+from jf_jax.config import ModelConfig
+from jf_jax.generation import GenerationError, GenerationResult, eos_array
+from jf_jax.jacobi import (MAX_BLOCK_SIZE, base_stats, cap_accepted, check_int, draw_context, emit, leading_matches,
+                           prefill_draft, prepare_request, prompt_key, stop_reason, total_stats)
+from jf_jax.kv_cache import KVCache
+from jf_jax.params import Params, unstack_layers
+from jf_jax.recycling import build_candidates, forward_rows, harvest, push
+
+MAX_NUM_BLOCKS = 8
+MAX_POOL_SIZE = 16
+MR_COUNTERS = ("recycling_rounds", "recycling_wins", "spawns", "promotions", "promotions_carried")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class MRState:
+    """Loop state of one prompt (batch 1); every field is an array."""
+
+    row: jax.Array  # [K*n] in-flight tokens: RA draft (ra_len) then n_pa PA blocks of n; valid up to row_len
+    row_len: jax.Array  # []
+    ra_len: jax.Array  # [] RA draft length (n - tokens accepted in the RA block)
+    n_pa: jax.Array  # [] pseudo-active blocks in flight
+    pa_progress: jax.Array  # [K] progress of PA block b at index b (index 0 unused)
+    out: jax.Array  # [N] generated ids, -1 past count
+    count: jax.Array  # []
+    block_start: jax.Array  # [] count at the start of the RA block
+    done: jax.Array  # []
+    cache: KVCache  # batch 1; lengths == prompt_len + count
+    prompt: jax.Array  # [P]
+    prompt_len: jax.Array  # []
+    key: jax.Array
+    max_new: jax.Array  # []
+    eos_ids: jax.Array  # [8]
+    pool: jax.Array  # [pool_size, n + K*n] recycled n-grams
+    pool_len: jax.Array  # [pool_size] (0 = empty)
+    pool_next: jax.Array  # [] ring slot of the next entry
+    forwards: jax.Array  # [] prefill included
+    block: jax.Array  # [] index of the RA block
+    block_iters: jax.Array  # [max_blocks]
+    accept_hist: jax.Array  # [n + 1]
+    counters: jax.Array  # [len(MR_COUNTERS)]
+    stop: jax.Array  # [] index into jacobi.STOP_REASONS
+
+
+@dataclasses.dataclass(frozen=True)
+class MRDecoder:
+    """Static half of multi-block decoding with recycling (hashable; a jit static arg)."""
+
+    cfg: ModelConfig
+    block_size: int
+    num_blocks: int
+    spawn_threshold: int
+    pool_size: int
+
+    @property
+    def width(self) -> int:
+        return self.block_size * self.num_blocks
+
+    @functools.partial(jax.jit, static_argnums=(0, 7, 8))
+    def init(self, params: Params, prompt, prompt_len, key, max_new, eos_ids, out_capacity: int,
+             capacity: int) -> MRState:
+        n, W = self.block_size, self.width
+        key, sub = jax.random.split(key)
+        out = jnp.full((out_capacity,), -1, jnp.int32)
+        guesses = draw_context(sub, prompt, prompt_len, out, 0, n)
+        cache, first = prefill_draft(params, self.cfg, prompt, prompt_len, guesses, capacity)
+        first_eos = is_eos(first[0], eos_ids)
+        return MRState(
+            row=jnp.pad(first, (0, W - n)), row_len=jnp.int32(n), ra_len=jnp.int32(n), n_pa=jnp.int32(0),
+            pa_progress=jnp.zeros((self.num_blocks,), jnp.int32), out=jnp.where(first_eos, emit(out, 0, first, 1), out),
+            count=first_eos.astype(jnp.int32), block_start=jnp.int32(0), done=first_eos, cache=cache, prompt=prompt,
+            prompt_len=prompt_len, key=key, max_new=max_new, eos_ids=eos_ids,
+            pool=jnp.zeros((self.pool_size, n + W), jnp.int32), pool_len=jnp.zeros((self.pool_size,), jnp.int32),
+            pool_next=jnp.int32(0), forwards=jnp.int32(1), block=jnp.int32(0),
+            block_iters=jnp.zeros((out_capacity // n + 2,), jnp.int32), accept_hist=jnp.zeros((n + 1,), jnp.int32),
+            counters=jnp.zeros((len(MR_COUNTERS),), jnp.int32), stop=jnp.where(first_eos, 4, 0).astype(jnp.int32))
+
+    def _verify(self, params: Params, s: MRState, rows):
+        """One forward of ``rows`` [R, W]; returns the winning row, its predictions, its new KV and its index."""
+        g, k, v = forward_rows(params, self.cfg, rows, jnp.arange(self.width) < s.row_len, s.cache)
+        _, run = leading_matches(rows, g, s.row_len)
+        win = jnp.argmax(jnp.minimum(1 + run, s.ra_len))  # first row on ties
+        return rows[win], g[win], k[:, win][:, None], v[:, win][:, None], win.astype(jnp.int32)
+
+    def _step(self, params: Params, s: MRState) -> MRState:
+        n, K, W = self.block_size, self.num_blocks, self.width
+        j = jnp.arange(W)
+        one = lambda _: self._verify(params, s, s.row[None])  # noqa: E731
+        if self.pool_size > 1:
+            cands, found = build_candidates(s.pool, s.pool_len, s.pool_next, s.row, s.ra_len, self.pool_size - 1)
+            many = lambda _: self._verify(params, s, jnp.concatenate([s.row[None], cands]))  # noqa: E731
+            recycled = found.any()
+            d, g, k_new, v_new, win = jax.lax.cond(recycled, many, one, None)
+        else:
+            recycled, (d, g, k_new, v_new, win) = jnp.bool_(False), one(None)
+
+        ok, run = leading_matches(d, g, s.row_len)
+        accepted, hit_eos = cap_accepted(d, jnp.minimum(1 + run, s.ra_len), s.count, s.max_new, s.eos_ids)
+        out = emit(s.out, s.count, d, accepted)
+        count = s.count + accepted
+        cache = s.cache.write(k_new, v_new).commit(accepted)
+        done = hit_eos | (count >= s.max_new)
+
+        # The Jacobi update of every in-flight position: predictions shifted past the accepted tokens.
+        shifted = jnp.take(g, jnp.clip(accepted - 1 + j, 0, W - 1))
+        extra = shifted[0]  # RA correction token, or its bonus token on completion
+        extra_eos = ~done & is_eos(extra, s.eos_ids)
+        out = jnp.where(extra_eos, emit(out, count, shifted, 1), out)
+        count = count + extra_eos
+        stop = s.stop + stop_reason(s.done, hit_eos, extra_eos, accepted == s.ra_len, count, s.max_new)
+        done = done | extra_eos
+        full = (accepted == s.ra_len) & ~done
+
+        ok_padded = jnp.pad(ok, (0, n))
+        progress = [jnp.int32(0)]
+        for b in range(1, K):
+            seg = jax.lax.dynamic_slice_in_dim(ok_padded, s.ra_len + (b - 1) * n, n)
+            progress.append(jnp.where(b <= s.n_pa, jnp.sum(jnp.cumprod(seg.astype(jnp.int32))), 0))
+        progress = jnp.stack(progress)
+
+        promote = full & (s.n_pa > 0)
+        carried = promote & (progress[1 % K] > 0)
+        n_pa = s.n_pa - promote
+        progress = jnp.where(promote, jnp.roll(progress, -1).at[0].set(0), progress)
+        ra_len = jnp.where(full, n, s.ra_len - accepted)
+        new_len = s.row_len - accepted  # shifted[new_len] is the prediction for the first position past the row
+        newest = jnp.where(n_pa == 0, n - ra_len, progress[n_pa])
+        need = full & (s.n_pa == 0)
+        spawn = ~done & ~need & (1 + n_pa < K) & (newest >= self.spawn_threshold)
+        append = ~done & (need | spawn)
+        key, sub = jax.random.split(s.key)
+        if n > 1:
+            tail = draw_context(sub, s.prompt, s.prompt_len, out, count, n - 1)
+            fill = append & (j > new_len) & (j < new_len + n)
+            shifted = jnp.where(fill, jnp.take(tail, jnp.clip(j - new_len - 1, 0, n - 2)), shifted)
+        row_len = new_len + n * append
+        n_pa = n_pa + spawn
+        progress = jnp.where(spawn, progress.at[n_pa].set(0), progress)
+
+        pool, pool_len, pool_next = s.pool, s.pool_len, s.pool_next
+        if self.pool_size > 1:
+            def context(idx):
+                return jnp.where(idx < s.prompt_len, s.prompt[jnp.clip(idx, 0, s.prompt.shape[0] - 1)],
+                                 out[jnp.clip(idx - s.prompt_len, 0, out.shape[0] - 1)])
+
+            rejected = ~done & ~full
+            for entry, length in harvest(context, s.prompt_len + count, d, g, accepted, s.row_len, n,
+                                         pool.shape[1]):
+                pool, pool_len, pool_next = push(pool, pool_len, pool_next, entry, length, rejected)
+
+        counters = s.counters + jnp.stack([recycled, win > 0, spawn, promote, carried]).astype(jnp.int32)
+        return dataclasses.replace(
+            s, row=shifted, row_len=row_len, ra_len=ra_len, n_pa=n_pa, pa_progress=progress, out=out, count=count,
+            block_start=jnp.where(full, count, s.block_start), done=done, cache=cache,
+            key=jnp.where(append, key, s.key), pool=pool, pool_len=pool_len, pool_next=pool_next,
+            forwards=s.forwards + 1, block=s.block + full, block_iters=s.block_iters.at[s.block].add(1, mode="drop"),
+            accept_hist=s.accept_hist.at[accepted].add(1), counters=counters, stop=stop)
+
+    @functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
+    def step(self, params: Params, state: MRState) -> MRState:
+        return self._step(params, state)
+
+    @functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
+    def run_compiled(self, params: Params, state: MRState) -> MRState:
+        return jax.lax.while_loop(lambda s: ~s.done, lambda s: self._step(params, s), state)
+
+
+def generate_mr(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
+                eos_ids: Sequence[int], block_size: int = 64, num_blocks: int = 2, spawn_ratio: float = 0.85,
+                pool_size: int = 4, seed: int = 0, warmup: bool = True) -> GenerationResult:
+    """Multi-block Jacobi decoding with rejection recycling ("mr"). Prompts are decoded one after another with
+    batch 1, on bucketed shapes. ``pool_size`` is the verification size: up to ``pool_size - 1`` recycled
+    candidates are verified beside the draft (1 disables recycling); ``num_blocks=1`` disables multi-block."""
+    check_int("block_size", block_size, 1, MAX_BLOCK_SIZE)
+    num_blocks = check_int("num_blocks", num_blocks, 1, MAX_NUM_BLOCKS)
+    pool_size = check_int("pool_size", pool_size, 1, MAX_POOL_SIZE)
+    if isinstance(spawn_ratio, bool) or not isinstance(spawn_ratio, (int, float)) or not 0 < spawn_ratio <= 1:
+        raise GenerationError(f"spawn_ratio must be a number in (0, 1], got {spawn_ratio!r}")
+    n, prep = prepare_request(cfg, prompts, max_new_tokens, block_size, block_size * num_blocks)
+    decoder = MRDecoder(cfg, n, num_blocks, max(1, math.ceil(spawn_ratio * n - 1e-9)), pool_size)
+    params = unstack_layers(params)
+    eos = eos_array(eos_ids)
+
+    def run_one(i: int, max_new: int):
+        start = time.perf_counter()
+        state = decoder.init(params, prep.tokens[i], prep.lengths[i], prompt_key(seed, i), jnp.int32(max_new), eos,
+                             prep.out_capacity, prep.cache_capacity)
+        state.count.block_until_ready()
+        prefill_done = time.perf_counter()
+        host = jax.device_get(decoder.run_compiled(params, state))
+        return host, time.perf_counter() - start, prefill_done - start
+
+    if warmup:
+        run_one(0, 1)
+    token_ids, per_prompt, seconds, prefill_seconds = [], [], 0.0, 0.0
+    for i in range(len(prompts)):
+        host, secs, pre = run_one(i, prep.max_new_tokens)
+        seconds, prefill_seconds = seconds + secs, prefill_seconds + pre
+        token_ids.append(host.out[: int(host.count)].tolist())
+        stats = base_stats(host.forwards, host.count, host.block_iters, host.accept_hist, host.stop)
+        stats.update({name: int(c) for name, c in zip(MR_COUNTERS, host.counters)})
+        per_prompt.append(stats)
+    stats = dict(method="mr", block_size=n, num_blocks=num_blocks, spawn_ratio=float(spawn_ratio),
+                 spawn_threshold=decoder.spawn_threshold, pool_size=pool_size, seed=seed, per_prompt=per_prompt,
+                 total=total_stats(per_prompt, ("forwards", "tokens") + MR_COUNTERS))
+    return GenerationResult(token_ids=token_ids, forwards=[p["forwards"] for p in per_prompt], seconds=seconds,
+                            prefill_seconds=prefill_seconds, stats=stats)

@@ -1,0 +1,102 @@
+"""Rejection recycling (spec section 7 and Decision 7): an n-gram pool, candidate rows, a shared-prefix forward.
+
+The pool is a ring of ``pool_size`` token entries harvested from iterations whose real-active (RA) draft was
+partly rejected: (i) the last n committed tokens followed by the rejected part of the in-flight row, and
+(ii) the model's greedy tail after the correction token. Before a forward, every entry that contains the
+known-correct next token ``row[0]`` yields a candidate: the entry from that token's first occurrence, over the
+RA draft's length (the row's own tokens fill what the entry lacks; the pseudo-active blocks after the RA are
+the row's own). Up to ``pool_size - 1`` candidates, newest entry first, are verified as extra batch rows of one
+forward that *shares* the committed KV: the one cache row is broadcast to the candidate rows inside each
+layer, never copied per row, and only the winning row's new keys/values are written back. The winner is the
+row with the most accepted tokens (the first row on ties, so the plain draft wins unless a candidate is better).
+The pool lives for the whole generation (REF rebuilds it per block).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jf_jax.ar_decode import greedy
+from jf_jax.config import ModelConfig
+from jf_jax.kv_cache import KVCache
+from jf_jax.masks import cache_key_meta, causal_meta
+from jf_jax.model import _layer, logits, rms_norm, rope_tables
+from jf_jax.params import Params
+from pallas_kernels.mask import MASK_NOISE_CONDITIONED
+
+
+def forward_rows(params: Params, cfg: ModelConfig, tokens, valid, cache: KVCache):
+    """Forwards ``tokens`` [R, W] (each row at positions ``cache.lengths[0] + arange(W)``; ``valid`` [W] marks
+    real tokens, the rest are padding queries) over the committed prefix of a one-row cache shared by all rows.
+
+    The cache is not written. Returns (greedy predictions [R, W], new keys [L, R, W, K, Dh], new values).
+    Same computation as ``model.forward`` with a cache, layer by layer (``model._layer``).
+    """
+    R, W = tokens.shape
+    positions = jnp.broadcast_to(cache.lengths[0] + jnp.arange(W, dtype=jnp.int32), (R, W))
+    q_meta = causal_meta(positions, valid=jnp.broadcast_to(valid, (R, W)))
+    cache_meta = cache_key_meta(jnp.broadcast_to(cache.lengths[:1], (R,)), cache.capacity)
+    rope_tabs = rope_tables(positions, cfg.head_dim, cfg.rope_theta)
+    x = params["embed"].astype(cfg.compute_dtype)[tokens]
+    layers = params["layers"]
+    if not isinstance(layers, (tuple, list)):
+        layers = [jax.tree.map(lambda a, i=i: a[i], layers) for i in range(cfg.num_layers)]
+    shared = (R,) + cache.k.shape[2:]
+    new_k, new_v = [], []
+    for i, layer in enumerate(layers):
+        cache_kv = (jnp.broadcast_to(cache.k[i], shared), jnp.broadcast_to(cache.v[i], shared))
+        x, (k, v) = _layer(cfg, x, layer, rope_tabs, q_meta, cache_kv, cache_meta, MASK_NOISE_CONDITIONED)
+        new_k.append(k)
+        new_v.append(v)
+    x = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
+    return greedy(logits(params, cfg, x)), jnp.stack(new_k), jnp.stack(new_v)
+
+
+def build_candidates(pool, pool_len, pool_next, row, ra_len, num: int):
+    """Up to ``num`` candidate rows [num, W] for the RA draft ``row[:ra_len]``, and which of them exist [num].
+
+    An entry yields a candidate iff it contains ``row[0]``; candidates identical to ``row`` are dropped.
+    """
+    S, Lp = pool.shape
+    W = row.shape[0]
+    order = (pool_next - 1 - jnp.arange(S)) % S  # newest entry first
+    entries, lens = pool[order], pool_len[order]
+    hit = (entries == row[0]) & (jnp.arange(Lp) < lens[:, None])
+    start = jnp.argmax(hit, axis=-1)
+    i = jnp.arange(W)
+    src = start[:, None] + i
+    from_entry = (i < ra_len) & (src < lens[:, None])
+    cands = jnp.where(from_entry, jnp.take_along_axis(entries, jnp.clip(src, 0, Lp - 1), axis=1), row[None])
+    useful = hit.any(-1) & jnp.any(cands != row[None], axis=-1)
+    rank = jnp.cumsum(useful) - 1
+    picks = [useful & (rank == k) for k in range(num)]
+    found = jnp.stack([p.any() for p in picks])
+    rows = jnp.stack([jnp.where(p.any(), cands[jnp.argmax(p)], row) for p in picks])
+    return rows, found
+
+
+def push(pool, pool_len, pool_next, entry, length, enabled):
+    """Adds ``entry[:length]`` as the newest pool entry (overwriting the oldest) when ``enabled``."""
+    enabled = enabled & (length >= 2)
+    pool = jnp.where(enabled, pool.at[pool_next].set(entry), pool)
+    pool_len = jnp.where(enabled, pool_len.at[pool_next].set(length), pool_len)
+    return pool, pool_len, jnp.where(enabled, (pool_next + 1) % pool.shape[0], pool_next)
+
+
+def harvest(context_fn, ctx_len, d, g, accepted, row_len, n: int, Lp: int):
+    """The two entries of a partly rejected iteration: (recent committed tokens ++ rejected row, greedy tail).
+
+    ``context_fn(idx)`` gives context ids (prompt + generated) at indices ``idx``; ``d``/``g`` are the verified
+    row and its predictions [W]; returns ((entry, length), (entry, length)) with entries [Lp].
+    """
+    W = d.shape[0]
+    i = jnp.arange(Lp)
+    m = jnp.minimum(n, ctx_len)
+    recent = context_fn(jnp.clip(ctx_len - m + i, 0, None))
+    rejected = jnp.take(d, jnp.clip(accepted + i - m, 0, W - 1))
+    first = jnp.where(i < m, recent, rejected)
+    first_len = m + row_len - accepted
+    tail = jnp.take(g, jnp.clip(accepted + i, 0, W - 1))
+    tail_len = jnp.maximum(row_len - 1 - accepted, 0)
+    return (first, first_len), (tail, tail_len)
