@@ -11,7 +11,10 @@ The CLI (``python -m jf_jax.decode``) is a thin layer over these functions.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Callable, Sequence
+
+import jax
 
 from jf_jax.ar_decode import generate_ar
 from jf_jax.generation import GenerationError, GenerationResult
@@ -52,16 +55,23 @@ class Completion:
         return len(self.token_ids)
 
 
-def load_model(spec: str = DEFAULT_MODEL, dtype: str = "float32"):
+def default_column_shards() -> int:
+    """Shards per matmul weight in the decode view: one per core on CPU (one XLA dot uses one core), else 1."""
+    return max(1, min(os.cpu_count() or 1, 8)) if jax.default_backend() == "cpu" else 1
+
+
+def load_model(spec: str = DEFAULT_MODEL, dtype: str = "float32", column_shards: int | None = None):
     """Loads weights, config and tokenizer from ``spec``: "smollm2-135m", a HF directory or a .gguf file.
 
-    The parameters are returned with their layers unstacked (``params.unstack_layers``), the form the
-    decoders run fastest; ``params.stack_layers`` gives back the stacked training layout.
+    The parameters are returned in the decoders' view (``params.unstack_layers``: layers unstacked, matmul
+    weights split in ``column_shards`` shards, default one per CPU core); ``params.stack_layers`` gives back
+    the stacked training layout.
     """
     from jf_jax import weights  # deferred: it pulls in gguf / safetensors / orbax
 
     loaded = weights.load(spec, dtype=dtype)
-    return dataclasses.replace(loaded, params=unstack_layers(loaded.params))
+    shards = default_column_shards() if column_shards is None else column_shards
+    return dataclasses.replace(loaded, params=unstack_layers(loaded.params, column_shards=shards))
 
 
 def encode_prompts(model, prompts: Sequence[str], chat: bool = True) -> list[list[int]]:

@@ -38,12 +38,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--no-chat", action="store_true", help="do not apply the model's chat template")
     p.add_argument("--json", type=Path, help="write the runs and summary as JSON to this path")
-    p.add_argument("--block-size", type=int, help="Jacobi block size n (default: the method's)")
+    p.add_argument("--block-size", type=_int_or_tuned,
+                   help="Jacobi block size n (default: the method's), or 'tuned': this device's --tune choice")
     p.add_argument("--num-blocks", type=int, help="mr: blocks in flight K")
     p.add_argument("--spawn-ratio", type=float, help="mr: accepted fraction of the active block that spawns the next")
-    p.add_argument("--pool-size", type=int, help="mr: rejection-recycling verification size")
+    p.add_argument("--pool-size", type=_int_or_tuned, help="mr: rejection-recycling verification size, or 'tuned'")
     p.add_argument("--seed", type=int, help="seed of the random draft initialisation")
+    p.add_argument("--stream", action="store_true",
+                   help="print jacobi tokens as they are accepted (runs jacobi on the step-by-step driver)")
+    p.add_argument("--tune", action="store_true", help="hardware-aware configuration (jf_jax.tuner): measure the "
+                   "latency curve and a TPF grid, write tuned.json + PNGs to --tune-out, and exit")
+    p.add_argument("--tune-out", type=Path, default=Path("experiments/results/tune"),
+                   help="directory of the --tune outputs, read by --block-size/--pool-size tuned")
     return p
+
+
+def _int_or_tuned(text: str):
+    return text if text == "tuned" else int(text)
 
 
 def read_prompts(args) -> list[str]:
@@ -75,6 +86,10 @@ def method_options(method: str, args) -> dict:
     return {name: getattr(args, name) for name in METHOD_OPTIONS.get(method, ()) if getattr(args, name) is not None}
 
 
+# Per-prompt decoder statistics that add up over prompts (see jf_jax.jacobi / jf_jax.multiblock).
+SUMMED_STATS = ("blocks", "recycling_rounds", "recycling_wins", "spawns", "promotions", "promotions_carried")
+
+
 def summarize(runs: list[dict]) -> dict:
     summary = {}
     for method in dict.fromkeys(r["method"] for r in runs):
@@ -87,7 +102,15 @@ def summarize(runs: list[dict]) -> dict:
             "tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
             "tokens_per_second_excl_prefill": tokens / decode_seconds if decode_seconds > 0 else 0.0,
             "median_seconds": statistics.median(r["seconds"] for r in rs),
+            "forwards": sum(r["forwards"] for r in rs),
         }
+        per_prompt = [r["stats"]["per_prompt"] for r in rs if "per_prompt" in r.get("stats", {})]
+        for key in SUMMED_STATS:
+            if per_prompt and key in per_prompt[0]:
+                summary[method][key] = sum(p[key] for p in per_prompt)
+        iterations = [i for p in per_prompt for i in p.get("iterations_per_block", [])]
+        if iterations:
+            summary[method]["mean_iterations_per_block"] = statistics.fmean(iterations)
     if "ar" in summary:
         for stats in summary.values():
             stats["speedup_vs_ar"] = stats["tokens_per_second"] / summary["ar"]["tokens_per_second"]
@@ -111,6 +134,18 @@ def format_table(runs: list[dict], summary: dict) -> str:
     return "\n".join(lines)
 
 
+def stream_printer(model, bar):
+    """An ``on_tokens`` callback that prints each newly accepted chunk of text as it arrives."""
+    seen: list[int] = []
+
+    def on_tokens(prompt_index: int, new_ids: list[int]) -> None:
+        before = model.tokenizer.decode(seen)
+        seen.extend(new_ids)
+        bar.write(model.tokenizer.decode(seen)[len(before):], end="")
+
+    return on_tokens
+
+
 def run(args) -> dict:
     from tqdm import tqdm
 
@@ -123,6 +158,10 @@ def run(args) -> dict:
     if args.max_new_tokens <= 0:
         raise ValueError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
     prompts = read_prompts(args)
+    if "tuned" in (args.block_size, args.pool_size):
+        from jf_jax.tuner import apply_tuned
+
+        apply_tuned(args)
     print(f"loading {args.model} ({args.dtype}) ...", file=sys.stderr)
     model = api.load_model(args.model, dtype=args.dtype)
     runs = []
@@ -130,8 +169,13 @@ def run(args) -> dict:
         for method in methods:
             for index, prompt in enumerate(prompts):
                 bar.set_postfix_str(f"{method} #{index}")
+                options = method_options(method, args)
+                if args.stream and method == "jacobi":
+                    options.update(driver="python", on_tokens=stream_printer(model, bar))
                 (c,) = api.generate(model, [prompt], method=method, max_new_tokens=args.max_new_tokens,
-                                    chat=not args.no_chat, **method_options(method, args))
+                                    chat=not args.no_chat, **options)
+                if args.stream and method == "jacobi":
+                    bar.write("")
                 runs.append({"method": method, "prompt_index": index, "prompt": prompt, "token_ids": c.token_ids,
                              "text": c.text, "new_tokens": c.new_tokens, "forwards": c.forwards,
                              "seconds": c.seconds, "prefill_seconds": c.prefill_seconds, "stats": c.stats})
@@ -144,6 +188,10 @@ def run(args) -> dict:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.tune:
+            from jf_jax import tuner
+
+            return tuner.decode_cli(args)
         report = run(args)
     except (ValueError, FileNotFoundError, OSError) as e:  # our errors are ValueErrors naming the problem
         print(f"error: {e}", file=sys.stderr)

@@ -55,16 +55,27 @@ def _attend(cfg: ModelConfig, q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, mas
     return attention_reference(q, k, v, q_meta, k_meta, mask_kind=mask_kind)
 
 
+def dense(equation: str, x, w, dtype):
+    """``einsum(equation, x, w)`` accumulated in float32; ``w`` may be a tuple of shards of one weight split
+    along its last axis (the decode view of ``params.unstack_layers(..., column_shards=n)``).
+
+    The shards' dots are independent, so XLA's CPU runtime runs them on different cores: a one-token step is
+    a chain of matrix-vector products, and one XLA dot runs on a single core.
+    """
+    shards = w if isinstance(w, tuple) else (w,)
+    outs = [jnp.einsum(equation, x, s.astype(dtype), preferred_element_type=jnp.float32) for s in shards]
+    return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=-1)
+
+
 def _layer(cfg: ModelConfig, x, layer: Params, rope_tabs, q_meta, cache_kv, cache_meta, mask_kind):
     """One decoder layer. x: [B, T, D]. Returns the new x and this layer's new (k, v) [B, T, K, Dh]."""
     dt = cfg.compute_dtype
-    w = lambda name: layer[name].astype(dt)  # noqa: E731  (weights may be stored in another dtype)
 
     with jax.named_scope("attention"):
         h = rms_norm(x, layer["attn_norm"], cfg.rms_norm_eps)
-        q = jnp.einsum("btd,dhk->bthk", h, w("wq"), preferred_element_type=jnp.float32)  # [B, T, H, Dh]
-        k = jnp.einsum("btd,dhk->bthk", h, w("wk"), preferred_element_type=jnp.float32)  # [B, T, K, Dh]
-        v = jnp.einsum("btd,dhk->bthk", h, w("wv"), preferred_element_type=jnp.float32)  # [B, T, K, Dh]
+        q = dense("btd,dhk->bthk", h, layer["wq"], dt)  # [B, T, H, Dh]
+        k = dense("btd,dhk->bthk", h, layer["wk"], dt)  # [B, T, K, Dh]
+        v = dense("btd,dhk->bthk", h, layer["wv"], dt)  # [B, T, K, Dh]
         if cfg.attention_bias:
             q, k, v = q + layer["bq"].astype(jnp.float32), k + layer["bk"].astype(jnp.float32), v + layer["bv"].astype(jnp.float32)
         q = rope(q, rope_tabs).astype(dt)
@@ -78,14 +89,14 @@ def _layer(cfg: ModelConfig, x, layer: Params, rope_tabs, q_meta, cache_kv, cach
             values = jnp.concatenate([cached_v, v], axis=1)
             k_meta = concat_meta(cache_meta, q_meta)
         attn = _attend(cfg, q, keys, values, q_meta, k_meta, mask_kind)  # [B, T, H, Dh]
-        x = x + jnp.einsum("bthk,hkd->btd", attn, w("wo"), preferred_element_type=jnp.float32).astype(dt)
+        x = x + dense("bthk,hkd->btd", attn, layer["wo"], dt).astype(dt)
 
     with jax.named_scope("mlp"):
         h = rms_norm(x, layer["mlp_norm"], cfg.rms_norm_eps)
-        gate = jnp.einsum("btd,df->btf", h, w("w_gate"), preferred_element_type=jnp.float32)
-        up = jnp.einsum("btd,df->btf", h, w("w_up"), preferred_element_type=jnp.float32)
+        gate = dense("btd,df->btf", h, layer["w_gate"], dt)
+        up = dense("btd,df->btf", h, layer["w_up"], dt)
         act = (jax.nn.silu(gate) * up).astype(dt)
-        x = x + jnp.einsum("btf,fd->btd", act, w("w_down"), preferred_element_type=jnp.float32).astype(dt)
+        x = x + dense("btf,fd->btd", act, layer["w_down"], dt).astype(dt)
     return x, (k, v)
 
 
@@ -141,8 +152,7 @@ def logits(params: Params, cfg: ModelConfig, hidden):
     """Float32 vocabulary logits of hidden states [..., D] (the tied embedding when there is no lm_head)."""
     dt = cfg.compute_dtype
     if "lm_head" in params:
-        return jnp.einsum("...d,dv->...v", hidden.astype(dt), params["lm_head"].astype(dt),
-                          preferred_element_type=jnp.float32)
+        return dense("...d,dv->...v", hidden.astype(dt), params["lm_head"], dt)
     return jnp.einsum("...d,vd->...v", hidden.astype(dt), params["embed"].astype(dt),
                       preferred_element_type=jnp.float32)
 

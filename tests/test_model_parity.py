@@ -41,10 +41,12 @@ def test_unstacked_layers_give_the_same_logits(twins):
     _, cfg, params = twins
     tokens = np.random.RandomState(1).randint(0, cfg.vocab_size, (1, 19))
     stacked, _ = forward_logits(params, cfg, tokens)
-    unstacked, _ = forward_logits(unstack_layers(params), cfg, tokens)
-    np.testing.assert_allclose(np.asarray(unstacked), np.asarray(stacked), atol=1e-5, rtol=1e-5)
-    restacked = stack_layers(unstack_layers(params))
-    assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), restacked, params))
+    for shards in (1, 3):  # 3 shards: uneven splits of every output axis
+        view = unstack_layers(params, column_shards=shards)
+        unstacked, _ = forward_logits(view, cfg, tokens)
+        np.testing.assert_allclose(np.asarray(unstacked), np.asarray(stacked), atol=1e-5, rtol=1e-5)
+        restacked = stack_layers(view, cfg)
+        assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), restacked, params))
 
 
 @pytest.mark.parametrize("splits", [(11, 1, 5, 12), (29,)])
