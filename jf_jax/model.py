@@ -100,33 +100,24 @@ def _layer(cfg: ModelConfig, x, layer: Params, rope_tabs, q_meta, cache_kv, cach
     return x, (k, v)
 
 
-def forward(params: Params, cfg: ModelConfig, tokens, positions=None, *, meta: TokenMeta | None = None,
-            cache: KVCache | None = None, mask_kind: str = MASK_NOISE_CONDITIONED):
-    """Runs the decoder stack and returns ``(hidden [B, T, D], cache)``.
+def _stack(params: Params, cfg: ModelConfig, tokens, positions, q_meta: TokenMeta, cache: KVCache | None,
+           mask_kind: str):
+    """Embedding, every layer and the final norm. Returns (hidden, new keys, new values [L, B, T, K, Dh]).
 
-    tokens: [B, T] int32. positions: [B, T] RoPE positions; defaults to ``meta.position``, else to
-    ``cache.lengths + arange(T)`` with a cache and ``arange(T)`` without. meta: per-token mask data of the
-    tokens (default: plain causal tokens at ``positions``). With a cache, the returned cache holds the
-    block's keys/values written at the old lengths, which are *not* advanced (see ``KVCache.commit``).
+    A one-row cache serves every row of ``tokens`` (broadcast inside each layer, never copied per row).
     """
-    tokens = jnp.asarray(tokens, jnp.int32)
-    B, T = tokens.shape
-    if positions is None:
-        if meta is not None:
-            positions = meta.position
-        elif cache is not None:
-            positions = cache.lengths[:, None] + jnp.arange(T, dtype=jnp.int32)
-        else:
-            positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-    positions = jnp.asarray(positions, jnp.int32)
-    q_meta = causal_meta(positions) if meta is None else meta
-
+    B = tokens.shape[0]
     x = params["embed"].astype(cfg.compute_dtype)[tokens]  # [B, T, D]
-    cache_meta = None if cache is None else cache_key_meta(cache.lengths, cache.capacity)
     rope_tabs = rope_tables(positions, cfg.head_dim, cfg.rope_theta)
+    cache_meta = None
+    if cache is not None:
+        cache_meta = cache_key_meta(jnp.broadcast_to(cache.lengths, (B,)), cache.capacity)
+    rows_kv_shape = None if cache is None else (B,) + cache.k.shape[2:]
 
     def body(x, per_layer):
         layer, cache_kv = per_layer
+        if cache_kv is not None:
+            cache_kv = tuple(jnp.broadcast_to(c, rows_kv_shape) for c in cache_kv)
         return _layer(cfg, x, layer, rope_tabs, q_meta, cache_kv, cache_meta, mask_kind)
 
     layers = params["layers"]
@@ -141,11 +132,52 @@ def forward(params: Params, cfg: ModelConfig, tokens, positions=None, *, meta: T
         new_k, new_v = (jnp.stack(t) for t in zip(*new_kv))
     else:
         xs = (layers, None if cache is None else (cache.k, cache.v))
-        x, (new_k, new_v) = jax.lax.scan(body, x, xs)  # new_k, new_v: [L, B, T, K, Dh]
-    x = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
+        x, (new_k, new_v) = jax.lax.scan(body, x, xs)
+    return rms_norm(x, params["final_norm"], cfg.rms_norm_eps), new_k, new_v
+
+
+def _default_positions(tokens, meta, cache):
+    B, T = tokens.shape
+    if meta is not None:
+        return meta.position
+    if cache is not None:
+        return jnp.broadcast_to(cache.lengths[:, None] + jnp.arange(T, dtype=jnp.int32), (B, T))
+    return jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+
+
+def forward(params: Params, cfg: ModelConfig, tokens, positions=None, *, meta: TokenMeta | None = None,
+            cache: KVCache | None = None, mask_kind: str = MASK_NOISE_CONDITIONED):
+    """Runs the decoder stack and returns ``(hidden [B, T, D], cache)``.
+
+    tokens: [B, T] int32. positions: [B, T] RoPE positions; defaults to ``meta.position``, else to
+    ``cache.lengths + arange(T)`` with a cache and ``arange(T)`` without. meta: per-token mask data of the
+    tokens (default: plain causal tokens at ``positions``). With a cache, the returned cache holds the
+    block's keys/values written at the old lengths, which are *not* advanced (see ``KVCache.commit``).
+    """
+    tokens = jnp.asarray(tokens, jnp.int32)
+    positions = jnp.asarray(_default_positions(tokens, meta, cache) if positions is None else positions, jnp.int32)
+    q_meta = causal_meta(positions) if meta is None else meta
+    x, new_k, new_v = _stack(params, cfg, tokens, positions, q_meta, cache, mask_kind)
     if cache is not None:
         cache = cache.write(new_k, new_v)
     return x, cache
+
+
+def forward_shared_prefix(params: Params, cfg: ModelConfig, tokens, cache: KVCache, valid=None):
+    """Forwards R candidate rows [R, W] over the committed prefix of a *one-row* cache that they all share.
+
+    Row r's tokens sit at positions ``cache.lengths[0] + arange(W)``; ``valid`` [R, W] (default all) marks
+    padding queries as False. The cache is broadcast to the rows inside each layer (never copied per row)
+    and not written: returns (hidden [R, W, D], new keys, new values [L, R, W, K, Dh]) so the caller can
+    write back only the row it keeps (rejection recycling).
+    """
+    tokens = jnp.asarray(tokens, jnp.int32)
+    if cache.batch_size != 1:
+        raise ValueError(f"forward_shared_prefix needs a one-row cache, got {cache.batch_size} rows")
+    R, W = tokens.shape
+    positions = jnp.broadcast_to(cache.lengths[0] + jnp.arange(W, dtype=jnp.int32), (R, W))
+    q_meta = causal_meta(positions, valid=None if valid is None else jnp.broadcast_to(valid, (R, W)))
+    return _stack(params, cfg, tokens, positions, q_meta, cache, MASK_NOISE_CONDITIONED)
 
 
 def logits(params: Params, cfg: ModelConfig, hidden):

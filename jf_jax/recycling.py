@@ -14,43 +14,23 @@ The pool lives for the whole generation (REF rebuilds it per block).
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 from jf_jax.ar_decode import greedy
 from jf_jax.config import ModelConfig
 from jf_jax.kv_cache import KVCache
-from jf_jax.masks import cache_key_meta, causal_meta
-from jf_jax.model import _layer, logits, rms_norm, rope_tables
+from jf_jax.model import forward_shared_prefix, logits
 from jf_jax.params import Params
-from pallas_kernels.mask import MASK_NOISE_CONDITIONED
 
 
 def forward_rows(params: Params, cfg: ModelConfig, tokens, valid, cache: KVCache):
-    """Forwards ``tokens`` [R, W] (each row at positions ``cache.lengths[0] + arange(W)``; ``valid`` [W] marks
-    real tokens, the rest are padding queries) over the committed prefix of a one-row cache shared by all rows.
+    """Forwards ``tokens`` [R, W] (``valid`` [W] marks real tokens) over the committed prefix of a one-row
+    cache shared by all rows (``model.forward_shared_prefix``); the cache is not written.
 
-    The cache is not written. Returns (greedy predictions [R, W], new keys [L, R, W, K, Dh], new values).
-    Same computation as ``model.forward`` with a cache, layer by layer (``model._layer``).
+    Returns (greedy predictions [R, W], new keys [L, R, W, K, Dh], new values).
     """
-    R, W = tokens.shape
-    positions = jnp.broadcast_to(cache.lengths[0] + jnp.arange(W, dtype=jnp.int32), (R, W))
-    q_meta = causal_meta(positions, valid=jnp.broadcast_to(valid, (R, W)))
-    cache_meta = cache_key_meta(jnp.broadcast_to(cache.lengths[:1], (R,)), cache.capacity)
-    rope_tabs = rope_tables(positions, cfg.head_dim, cfg.rope_theta)
-    x = params["embed"].astype(cfg.compute_dtype)[tokens]
-    layers = params["layers"]
-    if not isinstance(layers, (tuple, list)):
-        layers = [jax.tree.map(lambda a, i=i: a[i], layers) for i in range(cfg.num_layers)]
-    shared = (R,) + cache.k.shape[2:]
-    new_k, new_v = [], []
-    for i, layer in enumerate(layers):
-        cache_kv = (jnp.broadcast_to(cache.k[i], shared), jnp.broadcast_to(cache.v[i], shared))
-        x, (k, v) = _layer(cfg, x, layer, rope_tabs, q_meta, cache_kv, cache_meta, MASK_NOISE_CONDITIONED)
-        new_k.append(k)
-        new_v.append(v)
-    x = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
-    return greedy(logits(params, cfg, x)), jnp.stack(new_k), jnp.stack(new_v)
+    hidden, new_k, new_v = forward_shared_prefix(params, cfg, tokens, cache, valid=valid[None, :])
+    return greedy(logits(params, cfg, hidden)), new_k, new_v
 
 
 def build_candidates(pool, pool_len, pool_next, row, ra_len, num: int):
