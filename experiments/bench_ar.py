@@ -84,7 +84,7 @@ def main(argv=None) -> int:
     import torch
 
     from jf_jax import api
-    from jf_jax.params import param_bytes
+    from jf_jax.params import param_bytes, stack_layers
     from jf_jax.weights.hf_reference import transformers_model_from_gguf
 
     torch.set_num_threads(args.threads)
@@ -93,7 +93,9 @@ def main(argv=None) -> int:
     hf_model = transformers_model_from_gguf(model.source, model.cfg.num_layers)
 
     bandwidth = read_bandwidth_gbs(threads=args.threads)
-    weight_bytes = param_bytes(model.params)
+    # Bytes streamed per token: every weight once, in the declared layout (the decode view's transposed copy
+    # of a tied embedding replaces the embedding in the matmul; the embedding itself is only gathered).
+    weight_bytes = param_bytes(stack_layers(model.params, model.cfg))
     bound = bandwidth * 1e9 / weight_bytes
     jf = bench_jf(model, encoded, args.tokens)
     hf = bench_hf(hf_model, encoded, args.tokens)

@@ -9,9 +9,13 @@
     RUN_DIR/checkpoints/<step>/  orbax CheckpointManager steps: the whole TrainState (step, params, opt_state)
     RUN_DIR/params/              orbax StandardSave of the final parameters (the ``jf_jax.params`` tree)
     RUN_DIR/trajectories/        trajectories collected by the run itself (synthetic data source only)
+    RUN_DIR/base_model.json      {"spec": ...}: the ``jf_jax.weights.load`` spec of the pretrained model the run
+                                 started from (directly, or through the run it continued); its tokenizer is the
+                                 run's tokenizer. Absent for runs from random init.
 
-``load_run(RUN_DIR)`` returns ``(ModelConfig, params)`` from ``model_config.json`` and ``params/``; this is
-what a decoder CLI loads for ``--model RUN_DIR``.
+``load_run(RUN_DIR)`` returns ``(ModelConfig, params)`` from ``model_config.json`` and ``params/``;
+``jf_jax.weights.load(RUN_DIR)`` adds the base model's tokenizer, which is what ``python -m jf_jax.decode --model
+RUN_DIR`` loads.
 """
 
 from __future__ import annotations
@@ -32,6 +36,26 @@ LOSS_CURVE_FILE = "loss_curve.png"
 CHECKPOINT_DIR = "checkpoints"
 PARAMS_DIR = "params"
 TRAJECTORY_DIR = "trajectories"
+BASE_MODEL_FILE = "base_model.json"
+
+
+def is_run_dir(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, MODEL_CONFIG_FILE)) and os.path.isdir(os.path.join(path, PARAMS_DIR))
+
+
+def save_base_model(run_dir: str, spec: str | None) -> None:
+    """Records the pretrained model spec the run descends from (nothing for random init)."""
+    if spec is not None:
+        with open(os.path.join(run_dir, BASE_MODEL_FILE), "w") as f:
+            json.dump({"spec": spec}, f)
+
+
+def load_base_model(run_dir: str) -> str | None:
+    path = os.path.join(run_dir, BASE_MODEL_FILE)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)["spec"]
 
 
 def save_model_config(run_dir: str, cfg: ModelConfig) -> None:

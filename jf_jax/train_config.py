@@ -18,7 +18,7 @@ from jf_jax.losses import LossConfig
 from jf_jax.noise_schedule import SCHEDULES
 from jf_jax.train_state import OptimConfig
 
-MODEL_SOURCES = ("random", "run")
+MODEL_SOURCES = ("random", "run", "pretrained")
 DATA_SOURCES = ("trajectories", "synthetic")
 
 
@@ -29,7 +29,8 @@ class ConfigKeyError(ValueError):
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelSection:
     source: str = "random"
-    """"random" (init from ``config`` and the run seed) or "run" (params of a finished run dir at ``path``)."""
+    """"random" (init from ``config`` and the run seed), "run" (params of a finished run dir at ``path``) or
+    "pretrained" (``path`` is a ``jf_jax.weights.load`` spec: "smollm2-135m", a .gguf file or a HF directory)."""
     path: str | None = None
     config: dict | None = None
     """ModelConfig fields (``jf_jax.config.ModelConfig``) for ``source: random``."""
@@ -41,6 +42,8 @@ class ModelSection:
             raise ConfigKeyError("model.source=random needs model.config (ModelConfig fields)")
         if self.source == "run" and not self.path:
             raise ConfigKeyError("model.source=run needs model.path (a training run directory)")
+        if self.source == "pretrained" and not self.path:
+            raise ConfigKeyError("model.source=pretrained needs model.path (e.g. smollm2-135m, a .gguf, a HF dir)")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

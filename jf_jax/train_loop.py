@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -49,16 +50,40 @@ class TrainResult:
     num_sequences: int
 
 
+@functools.lru_cache(maxsize=1)
+def _pretrained(spec: str):
+    from jf_jax import weights
+
+    return weights.load(spec, dtype="float32")
+
+
 def model_config(tcfg: TrainConfig) -> ModelConfig:
     if tcfg.model.source == "random":
         return ModelConfig.from_dict(tcfg.model.config)
+    if tcfg.model.source == "pretrained":
+        return _pretrained(tcfg.model.path).cfg
     return rd.load_model_config(tcfg.model.path)
 
 
+def base_model_spec(tcfg: TrainConfig) -> str | None:
+    """The pretrained spec the run descends from (its tokenizer), or None for random init."""
+    if tcfg.model.source == "pretrained":
+        spec = tcfg.model.path
+        return os.path.abspath(spec) if os.path.exists(spec) else spec
+    if tcfg.model.source == "run":
+        return rd.load_base_model(tcfg.model.path)
+    return None
+
+
 def initial_params(tcfg: TrainConfig, cfg: ModelConfig) -> dict:
-    """Random params (jitted init, seeded by ``tcfg.seed``) or the params of the run dir ``model.path``."""
+    """Random params (jitted init, seeded by ``tcfg.seed``), the pretrained weights of the spec ``model.path``, or
+    the params of the run dir ``model.path``."""
     if tcfg.model.source == "random":
         return jax.jit(init_params, static_argnums=0)(cfg, jax.random.key(tcfg.seed))
+    if tcfg.model.source == "pretrained":
+        params = _pretrained(tcfg.model.path).params
+        _pretrained.cache_clear()  # the caller copies them onto the mesh; do not keep a second copy alive
+        return params
     return rd.load_run(tcfg.model.path)[1]
 
 
@@ -152,6 +177,7 @@ def run_training(tcfg: TrainConfig, run_dir: str, *, progress: bool = True, stop
     _snapshot_config(tcfg, run_dir)
     cfg = model_config(tcfg)
     rd.save_model_config(run_dir, cfg)
+    rd.save_base_model(run_dir, base_model_spec(tcfg))
     stream = build_stream(tcfg, run_dir, cfg.vocab_size, progress)
 
     total = tcfg.train.steps

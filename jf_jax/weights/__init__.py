@@ -1,4 +1,6 @@
-"""Loading a model: ``load("smollm2-135m")``, ``load("path/model.gguf")`` or ``load("path/hf_dir")``.
+"""Loading a model: ``load("smollm2-135m")``, ``load("path/model.gguf")``, ``load("path/hf_dir")`` or
+``load("RUN_DIR")`` (a finished training run, ``jf_jax.run_dir``: its params, with the tokenizer of the base
+model recorded in its ``base_model.json``).
 
 Every source goes through Hugging Face names and the strict map of ``jf_jax.convert``; the converted
 parameters are cached with orbax (``jf_jax.weights.store``) so later loads skip the conversion.
@@ -26,8 +28,9 @@ __all__ = ["LoadedModel", "WeightsError", "load", "resolve", "KNOWN_MODELS", "sm
 KNOWN_MODELS = {"smollm2-135m": smollm2_gguf_path}
 """Model names ``load`` accepts, each mapped to a function returning its local file."""
 
-_ACCEPTED = (f"a model name ({', '.join(KNOWN_MODELS)}), a path to a .gguf file, or a Hugging Face model "
-             "directory containing config.json and safetensors weights")
+_ACCEPTED = (f"a model name ({', '.join(KNOWN_MODELS)}), a path to a .gguf file, a Hugging Face model "
+             "directory containing config.json and safetensors weights, or a training run directory "
+             "(model_config.json + params/)")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -43,7 +46,7 @@ class LoadedModel:
 
 
 def resolve(spec: str) -> tuple[str, str, str]:
-    """(kind "gguf" | "hf_dir", absolute source path, display name) of a model spec."""
+    """(kind "gguf" | "hf_dir" | "run", absolute source path, display name) of a model spec."""
     if not isinstance(spec, (str, os.PathLike)) or not str(spec):
         raise WeightsError(f"model spec must be a non-empty string; accepted: {_ACCEPTED}")
     spec = str(spec)
@@ -58,6 +61,10 @@ def resolve(spec: str) -> tuple[str, str, str]:
             return "gguf", path, name.removesuffix(".gguf")
         raise WeightsError(f"{path} is neither a .gguf file nor a GGUF file by its contents; accepted: {_ACCEPTED}")
     if os.path.isdir(path):
+        from jf_jax import run_dir
+
+        if run_dir.is_run_dir(path):
+            return "run", path, name
         if not os.path.isfile(os.path.join(path, "config.json")):
             raise WeightsError(f"directory {path} has no config.json, so it is not a Hugging Face model "
                                f"directory; accepted: {_ACCEPTED}")
@@ -73,6 +80,8 @@ def load(spec: str, dtype: str = "float32", cache: bool = True) -> LoadedModel:
     if dtype not in SUPPORTED_DTYPES:
         raise ConfigError(f"dtype must be one of {SUPPORTED_DTYPES}, got {dtype!r}")
     kind, source, name = resolve(spec)
+    if kind == "run":
+        return _load_run(source, name, dtype, cache)
     convert = load_gguf if kind == "gguf" else load_hf_dir
     if cache:
         cfg, params, tokenizer, _ = store.load_or_convert(source, convert)
@@ -81,3 +90,19 @@ def load(spec: str, dtype: str = "float32", cache: bool = True) -> LoadedModel:
     cfg = cfg.replace(dtype=dtype, param_dtype=dtype)
     params = jax.tree.map(lambda x: jnp.asarray(x, dtype=cfg.weight_dtype), params)
     return LoadedModel(cfg=cfg, params=params, tokenizer=tokenizer, name=name, source=source)
+
+
+def _load_run(path: str, name: str, dtype: str, cache: bool) -> LoadedModel:
+    from jf_jax import run_dir
+
+    base = run_dir.load_base_model(path)
+    if base is None:
+        raise WeightsError(f"run directory {path} has no {run_dir.BASE_MODEL_FILE} (it was trained from random "
+                           "init), so it has no tokenizer to decode text with")
+    if os.path.abspath(str(base)) == path:
+        raise WeightsError(f"{path}/{run_dir.BASE_MODEL_FILE} names the run itself")
+    tokenizer = load(base, dtype=dtype, cache=cache).tokenizer
+    cfg, params = run_dir.load_run(path)
+    cfg = cfg.replace(dtype=dtype, param_dtype=dtype)
+    params = jax.tree.map(lambda x: jnp.asarray(x, dtype=cfg.weight_dtype), params)
+    return LoadedModel(cfg=cfg, params=params, tokenizer=tokenizer, name=name, source=path)

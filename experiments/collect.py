@@ -1,0 +1,103 @@
+"""Collect Jacobi trajectories (training data) of a model on prompts from a JSONL file.
+
+    PYTHONPATH=. python experiments/collect.py --model smollm2-135m --prompts runs/prompts/train.jsonl \\
+        --out runs/trajectories/smollm2_n16 --block-size 16 --max-new-tokens 256 --limit 400 --repetition-filter
+
+--model is any jf_jax.weights spec: "smollm2-135m", a .gguf, a HF directory, or a training RUN_DIR (round 2 of
+progressive distillation re-collects with the round-1 model at a larger block size). Each prompt goes through
+the model's chat template and jf_jax.jacobi.record_trajectories (every iterate of every block, state 0 = the
+random draft); records are written by jf_jax.trajectories.collect in resumable shards (the on-disk format is
+documented there). Re-running the same command continues after the last complete shard; a different prompt
+list or block size on an existing directory is refused (the model and settings of the first run are recorded in
+the manifest's metadata; use a new directory for another model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+
+from jf_jax.data.build import read_jsonl
+
+
+def select_prompts(rows: list[dict], domains: str | None, limit: int | None) -> list[dict]:
+    """Rows of the wanted domains (comma list; None = all) in file order, the first ``limit`` of them."""
+    if domains:
+        wanted = {d.strip() for d in domains.split(",") if d.strip()}
+        rows = [r for r in rows if r.get("domain") in wanted]
+    return rows[:limit] if limit is not None else rows
+
+
+def make_record_fn(params, cfg, *, block_size: int, max_new_tokens: int, eos_ids, seed: int):
+    from jf_jax.jacobi import record_trajectories
+
+    def record_fn(prompt_ids):
+        return record_trajectories(params, cfg, prompt_ids, block_size=block_size, max_new_tokens=max_new_tokens,
+                                   eos_ids=eos_ids, seed=seed)
+
+    return record_fn
+
+
+def run_collect(model, rows: list[dict], out: str, *, block_size: int, max_new_tokens: int, seed: int = 0,
+                repetition_filter: bool = False, prompts_per_shard: int = 16, chat: bool = True,
+                metadata: dict | None = None, progress: bool = True) -> dict:
+    """Collects trajectories of ``model`` (a ``jf_jax.weights.LoadedModel``) on ``rows`` into ``out``."""
+    from jf_jax.api import encode_prompts
+    from jf_jax.trajectories import collect, repetition_filter as make_filter
+
+    prompts = encode_prompts(model, [r["prompt"] for r in rows], chat=chat)
+    eos = tuple(model.tokenizer.eos_ids)
+    keep = make_filter(eos_id=eos[0] if eos else None) if repetition_filter else None
+    meta = dict(model=model.name, model_source=model.source, block_size=block_size, max_new_tokens=max_new_tokens,
+                seed=seed, chat=chat, repetition_filter=repetition_filter, eos_ids=list(eos),
+                prompt_ids=[r.get("id") for r in rows], **(metadata or {}))
+    record_fn = make_record_fn(model.params, model.cfg, block_size=block_size, max_new_tokens=max_new_tokens,
+                               eos_ids=eos, seed=seed)
+    return collect(prompts, record_fn, out, block_size=block_size, prompts_per_shard=prompts_per_shard,
+                   keep_fn=keep, metadata=meta, progress=progress)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m", help="weights spec or training RUN_DIR")
+    p.add_argument("--prompts", required=True, help="JSONL with a 'prompt' field (experiments/build_datasets.py)")
+    p.add_argument("--out", required=True, help="trajectory directory (resumed if it exists)")
+    p.add_argument("--domains", help="comma list of domains to keep (e.g. code,math); default all")
+    p.add_argument("--limit", type=int, help="use the first N prompts (after the domain filter)")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random draft initialisation")
+    p.add_argument("--repetition-filter", action="store_true", help="drop degenerate, repetitive responses")
+    p.add_argument("--prompts-per-shard", type=int, default=16)
+    p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+
+    from jf_jax.api import load_model
+
+    rows = select_prompts(read_jsonl(args.prompts), args.domains, args.limit)
+    if not rows:
+        print(f"error: no prompts selected from {args.prompts}", file=sys.stderr)
+        return 2
+    model = load_model(args.model)
+    with open(args.prompts, "rb") as f:
+        file_sha = hashlib.sha256(f.read()).hexdigest()
+    start = time.perf_counter()
+    manifest = run_collect(model, rows, args.out, block_size=args.block_size, max_new_tokens=args.max_new_tokens,
+                           seed=args.seed, repetition_filter=args.repetition_filter,
+                           prompts_per_shard=args.prompts_per_shard, chat=not args.no_chat,
+                           metadata=dict(prompts_file=args.prompts, prompts_file_sha256=file_sha,
+                                         model_spec=args.model),
+                           progress=not args.no_progress)
+    shards = manifest["shards"]
+    print(json.dumps(dict(out=args.out, prompts=len(rows), records=sum(s["num_records"] for s in shards),
+                          filtered=sum(s["num_filtered"] for s in shards),
+                          seconds=round(time.perf_counter() - start, 1))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

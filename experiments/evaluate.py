@@ -1,0 +1,155 @@
+"""Measure a model (or several: before / after training) on held-out prompts of the training domain.
+
+    PYTHONPATH=. python experiments/evaluate.py --model smollm2-135m --model runs/smollm2_jf_r1 \\
+        --prompts runs/prompts/code_heldout.jsonl --prompts runs/prompts/math_heldout.jsonl --limit 8 \\
+        --math runs/prompts/math_heldout.jsonl --math-limit 20 --block-size 16 --max-new-tokens 128 \\
+        --out experiments/results/smollm2_eval
+
+For each --model (a jf_jax.weights spec or a training RUN_DIR):
+
+* speed: every method of --methods (ar, jacobi, mr) decodes the first --limit prompts of each --prompts file
+  greedily, batch 1, one prompt after another, after compilation. TPF = generated tokens / forwards (the prefill
+  counts as a forward, as in jf_jax.jacobi), as a ratio of totals and as a per-prompt mean; tokens/s with and
+  without prefill (spec Decision 8). "match_ar" is the fraction of prompts whose tokens equal AR's (greedy
+  Jacobi / MR are lossless up to floating-point ties, so it should be ~1).
+* quality: GSM8K exact-answer accuracy of greedy AR answers on the first --math-limit problems of --math
+  (jf_jax.data.gsm.is_correct: last \\boxed{} / '####' / last number against the gold answer).
+
+Writes OUT.json (everything, per prompt included) and OUT.md (tables).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+from jf_jax.data.build import read_jsonl
+
+
+def _speed_one(model, method: str, prompts, *, max_new_tokens: int, options: dict) -> dict:
+    from jf_jax.api import METHODS
+
+    decode = METHODS[method]
+    eos = model.tokenizer.eos_ids
+    tokens, forwards, seconds, prefill = [], [], 0.0, 0.0
+    if method == "ar":  # generate_ar batches its prompts: run them one at a time like the others
+        for ids in prompts:
+            r = decode(model.params, model.cfg, [ids], max_new_tokens=max_new_tokens, eos_ids=eos)
+            tokens += r.token_ids
+            forwards += r.forwards
+            seconds += r.seconds
+            prefill += r.prefill_seconds
+    else:
+        r = decode(model.params, model.cfg, prompts, max_new_tokens=max_new_tokens, eos_ids=eos, **options)
+        tokens, forwards, seconds, prefill = r.token_ids, r.forwards, r.seconds, r.prefill_seconds
+    n_tok = sum(len(t) for t in tokens)
+    return dict(method=method, prompts=len(prompts), tokens=n_tok, forwards=sum(forwards),
+                tpf=n_tok / max(sum(forwards), 1),
+                tpf_mean=statistics.fmean(len(t) / max(f, 1) for t, f in zip(tokens, forwards)),
+                tokens_per_s=n_tok / max(seconds, 1e-9), tokens_per_s_no_prefill=n_tok / max(seconds - prefill, 1e-9),
+                seconds=seconds, prefill_seconds=prefill, token_ids=tokens,
+                per_prompt_tpf=[len(t) / max(f, 1) for t, f in zip(tokens, forwards)])
+
+
+def evaluate_model(spec: str, prompt_sets: dict[str, list[dict]], math_rows: list[dict], *, methods, block_size: int,
+                   max_new_tokens: int, math_max_new_tokens: int, num_blocks: int = 2, seed: int = 0,
+                   model=None) -> dict:
+    from jf_jax.api import encode_prompts, load_model
+    from jf_jax.data.gsm import extract_answer, is_correct
+
+    model = model or load_model(spec)
+    result = dict(model=spec, name=model.name, source=model.source, speed={}, math=None)
+    opts = {"jacobi": dict(block_size=block_size, seed=seed),
+            "mr": dict(block_size=block_size, num_blocks=num_blocks, seed=seed)}
+    for set_name, rows in prompt_sets.items():
+        ids = encode_prompts(model, [r["prompt"] for r in rows])
+        per_method = {}
+        for method in methods:
+            per_method[method] = _speed_one(model, method, ids, max_new_tokens=max_new_tokens,
+                                            options=opts.get(method, {}))
+        if "ar" in per_method:
+            ar = per_method["ar"]["token_ids"]
+            for m in per_method.values():
+                m["match_ar"] = statistics.fmean(a == b for a, b in zip(ar, m["token_ids"]))
+        result["speed"][set_name] = per_method
+    if math_rows:
+        ids = encode_prompts(model, [r["prompt"] for r in math_rows])
+        r = _speed_one(model, "ar", ids, max_new_tokens=math_max_new_tokens, options={})
+        items = []
+        for row, toks in zip(math_rows, r["token_ids"]):
+            text = model.tokenizer.decode(toks)
+            got = extract_answer(text)
+            items.append(dict(id=row["id"], gold=row["answer"], extracted=None if got is None else str(got),
+                              correct=is_correct(text, row["answer"]), text=text))
+        result["math"] = dict(problems=len(items), correct=sum(i["correct"] for i in items),
+                              accuracy=statistics.fmean(i["correct"] for i in items), max_new_tokens=math_max_new_tokens,
+                              items=items)
+    return result
+
+
+def markdown(results: list[dict], args: dict) -> str:
+    lines = [f"# Evaluation ({time.strftime('%Y-%m-%d %H:%M')})", "",
+             f"block size {args['block_size']}, max_new_tokens {args['max_new_tokens']}, greedy, batch 1, "
+             f"float32, CPU. TPF = tokens / forwards (prefill counted); tok/s with / without prefill.", "",
+             "| model | prompts | method | n | TPF | TPF (mean/prompt) | tok/s | tok/s no prefill | = AR |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for res in results:
+        for set_name, per_method in res["speed"].items():
+            for m, s in per_method.items():
+                lines.append(f"| {res['model']} | {set_name} | {m} | {s['prompts']} | {s['tpf']:.3f} | "
+                             f"{s['tpf_mean']:.3f} | {s['tokens_per_s']:.1f} | {s['tokens_per_s_no_prefill']:.1f} | "
+                             f"{s.get('match_ar', float('nan')):.2f} |")
+    if any(r["math"] for r in results):
+        lines += ["", "| model | GSM held-out problems | correct | accuracy |", "|---|---|---|---|"]
+        for res in results:
+            if res["math"]:
+                m = res["math"]
+                lines.append(f"| {res['model']} | {m['problems']} | {m['correct']} | {m['accuracy']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", action="append", required=True, help="weights spec or RUN_DIR (repeatable)")
+    p.add_argument("--prompts", action="append", default=[], help="held-out JSONL for speed (repeatable)")
+    p.add_argument("--limit", type=int, default=8, help="prompts per --prompts file")
+    p.add_argument("--math", help="held-out GSM JSONL (with 'answer') for accuracy")
+    p.add_argument("--math-limit", type=int, default=20)
+    p.add_argument("--methods", default="ar,jacobi,mr")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--num-blocks", type=int, default=2, help="mr: blocks in flight")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--math-max-new-tokens", type=int, default=256)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, help="output path without extension (writes .json and .md)")
+    args = p.parse_args(argv)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    prompt_sets = {os.path.splitext(os.path.basename(f))[0]: read_jsonl(f)[: args.limit] for f in args.prompts}
+    math_rows = read_jsonl(args.math)[: args.math_limit] if args.math else []
+    results = []
+    for spec in args.model:
+        start = time.perf_counter()
+        res = evaluate_model(spec, prompt_sets, math_rows, methods=methods, block_size=args.block_size,
+                             max_new_tokens=args.max_new_tokens, math_max_new_tokens=args.math_max_new_tokens,
+                             num_blocks=args.num_blocks, seed=args.seed)
+        res["seconds"] = time.perf_counter() - start
+        results.append(res)
+        for set_name, per_method in res["speed"].items():
+            print(spec, set_name, {m: round(s["tpf"], 3) for m, s in per_method.items()}, flush=True)
+        if res["math"]:
+            print(spec, "gsm accuracy", res["math"]["accuracy"], flush=True)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out + ".json", "w") as f:
+        json.dump(dict(args=vars(args), results=results), f, indent=1)
+    with open(args.out + ".md", "w") as f:
+        f.write(markdown(results, vars(args)))
+    print(f"wrote {args.out}.json and {args.out}.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

