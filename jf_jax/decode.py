@@ -30,7 +30,7 @@ METHOD_OPTIONS = {
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m jf_jax.decode", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m",
-                   help="smollm2-135m (embedded default), a Hugging Face directory, or a .gguf file")
+                   help="smollm2-135m (embedded default), a Hugging Face directory, a .gguf file, or a training run directory")
     p.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
     p.add_argument("--prompts", type=Path, help=".jsonl file with a 'prompt' field per line, or .txt, one per line")
     p.add_argument("--methods", default="ar", help="comma list of decoding methods, e.g. ar,jacobi,mr")
@@ -134,14 +134,15 @@ def format_table(runs: list[dict], summary: dict) -> str:
     return "\n".join(lines)
 
 
-def stream_printer(model, bar):
-    """An ``on_tokens`` callback that prints each newly accepted chunk of text as it arrives."""
+def stream_printer(model, header: str):
+    """An ``on_tokens`` callback that prints each newly accepted chunk of text to stdout as it arrives."""
     seen: list[int] = []
+    print(header, end="", flush=True)
 
     def on_tokens(prompt_index: int, new_ids: list[int]) -> None:
         before = model.tokenizer.decode(seen)
         seen.extend(new_ids)
-        bar.write(model.tokenizer.decode(seen)[len(before):], end="")
+        print(model.tokenizer.decode(seen)[len(before):], end="", flush=True)
 
     return on_tokens
 
@@ -165,17 +166,19 @@ def run(args) -> dict:
     print(f"loading {args.model} ({args.dtype}) ...", file=sys.stderr)
     model = api.load_model(args.model, dtype=args.dtype)
     runs = []
-    with tqdm(total=len(methods) * len(prompts), desc="decoding", unit="prompt", file=sys.stderr) as bar:
+    # Streamed text goes to the terminal as it arrives, so the progress bar (which redraws its line) is off.
+    with tqdm(total=len(methods) * len(prompts), desc="decoding", unit="prompt", file=sys.stderr,
+              disable=args.stream) as bar:
         for method in methods:
             for index, prompt in enumerate(prompts):
                 bar.set_postfix_str(f"{method} #{index}")
                 options = method_options(method, args)
                 if args.stream and method == "jacobi":
-                    options.update(driver="python", on_tokens=stream_printer(model, bar))
+                    options.update(driver="python", on_tokens=stream_printer(model, f"[jacobi #{index}] "))
                 (c,) = api.generate(model, [prompt], method=method, max_new_tokens=args.max_new_tokens,
                                     chat=not args.no_chat, **options)
                 if args.stream and method == "jacobi":
-                    bar.write("")
+                    print(flush=True)
                 runs.append({"method": method, "prompt_index": index, "prompt": prompt, "token_ids": c.token_ids,
                              "text": c.text, "new_tokens": c.new_tokens, "forwards": c.forwards,
                              "seconds": c.seconds, "prefill_seconds": c.prefill_seconds, "stats": c.stats})

@@ -88,3 +88,13 @@ def test_module_entry_point_exits_nonzero_on_corrupt_weights(tmp_path):
     assert proc.returncode == 2
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and "corrupt.gguf" in last
+
+
+def test_stream_prints_the_jacobi_text_as_it_is_accepted(tiny_gguf, tmp_path, capsys):
+    out = tmp_path / "s.json"
+    assert decode.main(["--model", tiny_gguf, "--methods", "ar,jacobi", "--stream", "--block-size", "3",
+                        "--max-new-tokens", "6", "--prompt", "abc", "--json", str(out)]) == 0
+    runs = {r["method"]: r for r in json.loads(out.read_text())["runs"]}
+    assert runs["jacobi"]["token_ids"] == runs["ar"]["token_ids"]
+    streamed = capsys.readouterr().out.split("[jacobi #0] ", 1)[1].split("\n", 1)[0]
+    assert streamed and streamed == runs["jacobi"]["text"]
