@@ -15,14 +15,13 @@ from typing import Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jf_jax.config import ModelConfig
 from jf_jax.generation import GenerationResult, PreparedPrompts, eos_array, prepare_prompts, trim_outputs
 from jf_jax.kv_cache import KVCache
 from jf_jax.masks import causal_meta
 from jf_jax.model import forward, logits
-from jf_jax.params import Params
+from jf_jax.params import Params, unstack_layers
 
 
 def greedy(logits_f32):
@@ -101,6 +100,7 @@ def generate_ar(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int
     """Greedy AR decoding of token-id prompts. With ``warmup`` the programs are compiled (by a 1-token
     run on the same bucketed shapes) before the timed run, so ``seconds`` excludes compilation."""
     prep = prepare_prompts(cfg, prompts, max_new_tokens, lookahead=1)
+    params = unstack_layers(params)  # the decoders' view, as jacobi and mr take it (no-op when already a view)
     eos = eos_array(eos_ids)
     if warmup:
         _run(params, cfg, prep, eos, 1)
