@@ -23,11 +23,12 @@ import time
 from jf_jax.data.build import read_jsonl
 
 
-def select_prompts(rows: list[dict], domains: str | None, limit: int | None) -> list[dict]:
-    """Rows of the wanted domains (comma list; None = all) in file order, the first ``limit`` of them."""
+def select_prompts(rows: list[dict], domains: str | None, limit: int | None, offset: int = 0) -> list[dict]:
+    """Rows of the wanted domains (comma list; None = all) in file order: ``limit`` of them from ``offset`` on."""
     if domains:
         wanted = {d.strip() for d in domains.split(",") if d.strip()}
         rows = [r for r in rows if r.get("domain") in wanted]
+    rows = rows[offset:]
     return rows[:limit] if limit is not None else rows
 
 
@@ -66,7 +67,11 @@ def main(argv=None) -> int:
     p.add_argument("--prompts", required=True, help="JSONL with a 'prompt' field (experiments/build_datasets.py)")
     p.add_argument("--out", required=True, help="trajectory directory (resumed if it exists)")
     p.add_argument("--domains", help="comma list of domains to keep (e.g. code,math); default all")
-    p.add_argument("--limit", type=int, help="use the first N prompts (after the domain filter)")
+    p.add_argument("--limit", type=int, help="use the first N prompts (after the domain filter and --offset)")
+    p.add_argument("--offset", type=int, default=0,
+                   help="skip the first N prompts: two processes on disjoint ranges collect in parallel into two "
+                        "directories (XLA:CPU runs a small decode forward on about one core); train on both "
+                        "with data.path=[DIR1,DIR2]")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--seed", type=int, default=0, help="seed of the random draft initialisation")
@@ -78,7 +83,7 @@ def main(argv=None) -> int:
 
     from jf_jax.api import load_model
 
-    rows = select_prompts(read_jsonl(args.prompts), args.domains, args.limit)
+    rows = select_prompts(read_jsonl(args.prompts), args.domains, args.limit, args.offset)
     if not rows:
         print(f"error: no prompts selected from {args.prompts}", file=sys.stderr)
         return 2

@@ -3,15 +3,13 @@
 #
 #   bash experiments/run_smollm2.sh smoke   # ~20 CPU minutes: 16 prompts, block 8, 40 steps (proves the pipeline;
 #                                           # numbers in experiments/results/smollm2_smoke.md)
-#   bash experiments/run_smollm2.sh full    # the real run, budget ~90 minutes on 2 cores (round 1, n = 16)
+#   bash experiments/run_smollm2.sh full    # the real run, ~90 minutes on 2 cores (round 1, n = 8)
 #
-# Sizing the full run: on the shared 2-core CPU the smoke run measured roughly 0.25-0.45 s per Jacobi forward of
-# SmolLM2-135M (float32, block 8; collection spends about one forward per generated token before training) plus
-# 60-90 s of XLA compilation per new prompt-length bucket, and roughly 10-20 s per training step of batch 2 at
-# ~300 tokens. PROMPTS_N x MAX_NEW below is what bounds collection time; re-check these per-unit costs on an idle
-# machine (the smoke numbers were taken with other jobs sharing the CPU) and scale PROMPTS_N, MAX_NEW and
-# train.steps (a key=value override on the train command) to fit ~90 minutes.
-#   bash experiments/run_smollm2.sh r2      # progressive distillation round 2 (n = 32) from the round-1 run
+# Sizing the full run (measured on an idle 2-core machine): collection runs at ~12 s per prompt of 64 tokens in
+# each of two parallel workers (~20 min for 160 prompts); a training step of batch 1 at ~250 packed tokens takes
+# ~5 s (train.steps in configs/smollm2_jf.yaml; override with TRAIN_OVERRIDES="train.steps=..."); the evaluation
+# of two models takes ~15-20 min.
+#   bash experiments/run_smollm2.sh r2      # progressive distillation round 2 (n = 16) from the round-1 run
 #
 # Every stage is resumable: re-running a command continues a killed collection (complete shards are kept) or a
 # killed training run (orbax checkpoints) where it stopped. Outputs live under runs/ (git-ignored):
@@ -23,7 +21,7 @@
 # ~/.cache/jf_jax/wheels; everything after that is offline. A trained run loads anywhere a model spec is taken:
 #   python -m jf_jax.decode --model runs/smollm2_jf_r1 --methods ar,jacobi,mr --block-size 16
 set -euo pipefail
-# Environment knobs (full / r2): PROMPTS_N (default 96), MAX_NEW (default 128), TRAIN_OVERRIDES (e.g. "train.steps=300").
+# Environment knob (full / r2): TRAIN_OVERRIDES (e.g. "train.steps=300").
 cd "$(dirname "$0")/.."
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
 MODE=${1:-smoke}
@@ -42,24 +40,35 @@ smoke)
       --block-size 8 --max-new-tokens 48 --out experiments/results/smollm2_smoke_eval
   ;;
 full)
-  # Round 1 (configs/smollm2_jf.yaml): n = 16 on the first PROMPTS_N training prompts (code + math mixed).
-  python experiments/collect.py --model smollm2-135m --prompts "$PROMPTS/train.jsonl" --limit "${PROMPTS_N:-96}" \
-      --out runs/trajectories/smollm2_n16 --block-size 16 --max-new-tokens "${MAX_NEW:-128}" --repetition-filter
+  # Round 1 (configs/smollm2_jf.yaml): n = 8, 64 new tokens, the first 160 training prompts (code + math mixed),
+  # collected by two processes in parallel (a small-M decode forward keeps about one core busy).
+  collect_worker() {
+    XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" \
+      python experiments/collect.py --model smollm2-135m --prompts "$PROMPTS/train.jsonl" --offset "$1" --limit 80 \
+      --out "runs/trajectories/smollm2_n8_w$2" --block-size 8 --max-new-tokens 64 --repetition-filter \
+      --prompts-per-shard 8 --no-progress
+  }
+  collect_worker 0 0 & collect_worker 80 1 & wait
   python experiments/train.py configs/smollm2_jf.yaml --run-dir runs/smollm2_jf_r1 ${TRAIN_OVERRIDES:-}
   python experiments/evaluate.py --model smollm2-135m --model runs/smollm2_jf_r1 \
-      --prompts "$PROMPTS/code_heldout.jsonl" --prompts "$PROMPTS/math_heldout.jsonl" --limit 16 \
+      --prompts "$PROMPTS/code_heldout.jsonl" --prompts "$PROMPTS/math_heldout.jsonl" --limit 8 \
       --math "$PROMPTS/math_heldout.jsonl" --math-limit 20 \
-      --block-size 16 --max-new-tokens 128 --out experiments/results/smollm2_r1_eval
+      --block-size 8 --max-new-tokens 128 --out experiments/results/smollm2_r1_eval
   ;;
 r2)
-  # Round 2 (configs/smollm2_jf_r2.yaml): re-collect with the round-1 model at n = 32, train from its weights.
-  python experiments/collect.py --model runs/smollm2_jf_r1 --prompts "$PROMPTS/train.jsonl" --limit "${PROMPTS_N:-96}" \
-      --out runs/trajectories/smollm2_r1_n32 --block-size 32 --max-new-tokens "${MAX_NEW:-128}" --repetition-filter
+  # Round 2 (configs/smollm2_jf_r2.yaml): re-collect with the round-1 model at n = 16, train from its weights.
+  collect_worker() {
+    XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" \
+      python experiments/collect.py --model runs/smollm2_jf_r1 --prompts "$PROMPTS/train.jsonl" --offset "$1" \
+      --limit 80 --out "runs/trajectories/smollm2_r1_n16_w$2" --block-size 16 --max-new-tokens 64 \
+      --repetition-filter --prompts-per-shard 8 --no-progress
+  }
+  collect_worker 0 0 & collect_worker 80 1 & wait
   python experiments/train.py configs/smollm2_jf_r2.yaml --run-dir runs/smollm2_jf_r2 ${TRAIN_OVERRIDES:-}
   python experiments/evaluate.py --model smollm2-135m --model runs/smollm2_jf_r1 --model runs/smollm2_jf_r2 \
-      --prompts "$PROMPTS/code_heldout.jsonl" --prompts "$PROMPTS/math_heldout.jsonl" --limit 16 \
+      --prompts "$PROMPTS/code_heldout.jsonl" --prompts "$PROMPTS/math_heldout.jsonl" --limit 8 \
       --math "$PROMPTS/math_heldout.jsonl" --math-limit 20 \
-      --block-size 32 --max-new-tokens 128 --out experiments/results/smollm2_r2_eval
+      --block-size 16 --max-new-tokens 128 --out experiments/results/smollm2_r2_eval
   ;;
 *)
   echo "usage: $0 smoke|full|r2" >&2

@@ -59,8 +59,9 @@ class SyntheticSection:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DataSection:
     source: str = "trajectories"
-    path: str | None = None
-    """Trajectory directory (``jf_jax.trajectories``) for ``source: trajectories``."""
+    path: str | tuple[str, ...] | None = None
+    """Trajectory directory (``jf_jax.trajectories``) for ``source: trajectories``, or a list of them (e.g. the
+    outputs of parallel collection workers); their responses are concatenated in list order."""
     block_size: int = 16
     window: int = 16
     schedule: str = "progressive"

@@ -89,23 +89,27 @@ def initial_params(tcfg: TrainConfig, cfg: ModelConfig) -> dict:
 
 def build_stream(tcfg: TrainConfig, run_dir: str, vocab_size: int, progress: bool = True) -> BatchStream:
     d = tcfg.data
-    path = d.path
+    paths = (d.path,) if isinstance(d.path, str) else tuple(d.path or ())
     if d.source == "synthetic":
         s = d.synthetic
-        path = os.path.join(run_dir, rd.TRAJECTORY_DIR)
+        paths = (os.path.join(run_dir, rd.TRAJECTORY_DIR),)
         prompts = make_prompts(s.num_prompts, s.prompt_len, s.vocab_size, seed=d.seed)
-        collect(prompts, SyntheticRecorder(d.block_size, s.num_blocks, s.vocab_size), path,
+        collect(prompts, SyntheticRecorder(d.block_size, s.num_blocks, s.vocab_size), paths[0],
                 block_size=d.block_size, progress=progress, metadata={"source": "synthetic"})
-    block_size = read_manifest(path)["block_size"]
-    if block_size != d.block_size:
-        raise ConfigKeyError(f"data.block_size={d.block_size} but {path} holds blocks of {block_size}")
+    responses = []
+    for path in paths:
+        block_size = read_manifest(path)["block_size"]
+        if block_size != d.block_size:
+            raise ConfigKeyError(f"data.block_size={d.block_size} but {path} holds blocks of {block_size}")
+        responses += load_responses(path)
     rng = np.random.default_rng([d.seed, 1])  # only the random schedule draws from it
     sequences = [pack_example(example_from_records(recs, d.window, d.schedule, rng), eos_id=d.eos_id,
                               pad_id=d.pad_id, train_prompt=tcfg.loss.train_prompt)
-                 for recs in load_responses(path)]
+                 for recs in responses]
     top = max(int(s.tokens.max()) for s in sequences)
     if top >= vocab_size:
-        raise ValueError(f"trajectories in {path} hold token id {top}, outside the model vocabulary ({vocab_size})")
+        raise ValueError(f"trajectories in {', '.join(paths)} hold token id {top}, outside the model vocabulary "
+                         f"({vocab_size})")
     return BatchStream(sequences, batch_size=d.batch_size, buckets=d.buckets, pad_id=d.pad_id, seed=d.seed,
                        pack_rows=d.pack_rows)
 

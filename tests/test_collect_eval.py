@@ -50,6 +50,8 @@ def test_select_prompts():
     assert [r["id"] for r in select_prompts(ROWS, "math", None)] == ["p0", "p2", "p4"]
     assert [r["id"] for r in select_prompts(ROWS, None, 2)] == ["p0", "p1"]
     assert [r["id"] for r in select_prompts(ROWS, "code, math", 4)] == ["p0", "p1", "p2", "p3"]
+    assert [r["id"] for r in select_prompts(ROWS, None, 2, offset=3)] == ["p3", "p4"]
+    assert [r["id"] for r in select_prompts(ROWS, "math", None, offset=1)] == ["p2", "p4"]
 
 
 def test_collect_writes_resumable_trajectories(tmp_path):
@@ -164,7 +166,23 @@ def test_configs_load(name):
 
     cfg = load_config(f"configs/{name}.yaml")
     if name == "smollm2_jf":
-        assert (cfg.model.source, cfg.model.path, cfg.data.block_size) == ("pretrained", "smollm2-135m", 16)
+        assert (cfg.model.source, cfg.model.path, cfg.data.block_size) == ("pretrained", "smollm2-135m", 8)
+        assert len(cfg.data.path) == 2  # the two parallel collection workers
     if name == "smollm2_jf_r2":
         assert (cfg.model.source, cfg.model.path) == ("run", "runs/smollm2_jf_r1")
-        assert cfg.data.block_size == 32 and cfg.data.block_size > load_config("configs/smollm2_jf.yaml").data.block_size
+        assert cfg.data.block_size == 16 and cfg.data.block_size > load_config("configs/smollm2_jf.yaml").data.block_size
+
+
+def test_ablation_variants_and_table():
+    from experiments.ablate import markdown, parse_variant
+
+    assert parse_variant("cw10: loss.consistency_weight=10 optim.learning_rate=1e-4") == (
+        "cw10", ["loss.consistency_weight=10", "optim.learning_rate=1e-4"])
+    for bad in ("no colon here", ": x=1", "base: x=1", "a/b: x=1"):
+        with pytest.raises(ValueError, match="NAME"):
+            parse_variant(bad)
+    rows = [dict(name="base", overrides=[], tpf=1.0, token_ids=[[1, 2], [3]]),
+            dict(name="cw10", overrides=["loss.consistency_weight=10"], tpf=1.25, train_seconds=12.0,
+                 losses={"loss/ar": 0.5, "loss/consistency": 0.25, "loss/total": 7.5}, token_ids=[[1, 2], [4]])]
+    table = markdown(rows, "# header")
+    assert "| cw10 | loss.consistency_weight=10 | 1.250 | 1.250 | 0.500 | 0.250 | 12 | 0.50 |" in table

@@ -27,7 +27,7 @@ SHORT = ["train.steps=12", "train.ckpt_every=3", "train.keep_checkpoints=2", "da
 def test_config_files_load_and_reject_unknown_keys():
     cfg = load_config(TINY_YAML, ["optim.learning_rate=1e-4", "data.buckets=[32,64]", "loss.mask=clean_context"])
     assert cfg.optim.learning_rate == 1e-4 and cfg.data.buckets == (32, 64) and cfg.loss.mask == "clean_context"
-    assert load_config(os.path.join(ROOT, "configs", "smollm2_jf.yaml")).data.block_size == 16
+    assert load_config(os.path.join(ROOT, "configs", "smollm2_jf.yaml")).data.block_size == 8
     with pytest.raises(ConfigKeyError, match="'data.bukets'"):
         load_config(TINY_YAML, ["data.bukets=[1]"])
     with pytest.raises(ConfigKeyError, match="'optim.lr'"):
@@ -36,6 +36,29 @@ def test_config_files_load_and_reject_unknown_keys():
         load_config(TINY_YAML, ["train.steps=many"])
     with pytest.raises(ConfigKeyError, match="data.schedule"):
         load_config(TINY_YAML, ["data.schedule=cosine"])
+
+
+def test_data_path_list_concatenates_trajectory_directories(tmp_path):
+    from jf_jax.synthetic import SyntheticRecorder, make_prompts
+    from jf_jax.trajectories import collect
+
+    prompts = make_prompts(6, 8, 64, seed=3)
+    recorder = SyntheticRecorder(4, 3, 64)
+    dirs = [str(tmp_path / name) for name in ("all", "w0", "w1")]
+    for out, part in zip(dirs, (prompts, prompts[:4], prompts[4:])):
+        collect(part, recorder, out, block_size=4, progress=False)
+
+    def stream(*overrides):
+        tcfg = load_config(TINY_YAML, ["data.source=trajectories", *overrides])
+        return train_loop.build_stream(tcfg, str(tmp_path / "run"), 64, False)
+
+    whole = stream(f"data.path={dirs[0]}").sequences
+    split = stream(f"data.path=[{dirs[1]},{dirs[2]}]").sequences  # two parallel collection workers
+    assert len(whole) == len(split) == 6
+    for a, b in zip(whole, split):
+        np.testing.assert_array_equal(a.tokens, b.tokens)
+    with pytest.raises(ConfigKeyError, match="holds blocks of 4"):
+        stream(f"data.path=[{dirs[1]},{dirs[2]}]", "data.block_size=8", "data.window=8")
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,161 @@
+"""Lever ablations for Jacobi Forcing on a real model: short training runs that differ in one setting each,
+every one measured the same way (held-out Jacobi TPF), in one process so the decoding programs compile once.
+
+    PYTHONPATH=. python experiments/ablate.py configs/smollm2_jf.yaml --steps 60 \\
+        --variant "ar_only: loss.consistency_weight=0" --variant "ref: loss.consistency_weight=1" \\
+        --variant "cw20: loss.consistency_weight=20" \\
+        --prompts runs/prompts/code_heldout.jsonl --prompts runs/prompts/math_heldout.jsonl --limit 3 \\
+        --out experiments/results/ablation
+
+Each --variant is "NAME: key=value key=value ..." (overrides applied after --steps and the shared overrides);
+"base" is always measured first (the untrained model of the config's model.path). Every variant trains into
+runs/ablation/NAME (its checkpoints are deleted after the final parameters are exported, to save disk) and is
+then decoded greedily with Jacobi (block size = the config's data.block_size) on the held-out prompts. Results
+are appended to OUT.jsonl as each variant finishes, so a killed sweep resumes with the variants still missing;
+OUT.md holds the table and OUT.png the TPF bars.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import time
+
+from jf_jax.data.build import read_jsonl
+
+
+def parse_variant(text: str) -> tuple[str, list[str]]:
+    name, sep, rest = text.partition(":")
+    name = name.strip()
+    if not sep or not name or any(c in name for c in "/ ") or name == "base":
+        raise ValueError(f"--variant must look like 'NAME: key=value ...' with a plain NAME other than 'base', "
+                         f"got {text!r}")
+    return name, rest.split()
+
+
+def measure_tpf(model, prompts: list[list[int]], *, block_size: int, max_new_tokens: int) -> dict:
+    from jf_jax.jacobi import generate_jacobi
+
+    r = generate_jacobi(model.params, model.cfg, prompts, max_new_tokens=max_new_tokens,
+                        eos_ids=model.tokenizer.eos_ids, block_size=block_size)
+    tokens = sum(len(t) for t in r.token_ids)
+    return dict(tokens=tokens, forwards=sum(r.forwards), tpf=tokens / max(sum(r.forwards), 1),
+                tpf_per_prompt=[len(t) / max(f, 1) for t, f in zip(r.token_ids, r.forwards)],
+                tokens_per_s=tokens / max(r.seconds, 1e-9), token_ids=r.token_ids)
+
+
+def mean_losses(run_dir: str, last: int) -> dict:
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        rows = [json.loads(ln) for ln in f if ln.strip()]
+    tail = rows[-last:]
+    return {k: statistics.fmean(r[k] for r in tail) for k in ("loss/ar", "loss/consistency", "loss/total")}
+
+
+def markdown(rows: list[dict], header: str) -> str:
+    base = next((r for r in rows if r["name"] == "base"), None)
+    lines = [header, "", "| variant | overrides | TPF | vs base | loss/ar | loss/consistency | train s | same as base |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        same = "" if base is None else f"{statistics.fmean(a == b for a, b in zip(base['token_ids'], r['token_ids'])):.2f}"
+        loss = r.get("losses") or {}
+        lines.append(f"| {r['name']} | {' '.join(r['overrides']) or '-'} | {r['tpf']:.3f} | "
+                     f"{r['tpf'] / base['tpf'] if base else float('nan'):.3f} | "
+                     f"{loss.get('loss/ar', float('nan')):.3f} | {loss.get('loss/consistency', float('nan')):.3f} | "
+                     f"{r.get('train_seconds', 0):.0f} | {same} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(1.2 * len(rows) + 2, 3.2))
+    ax.bar([r["name"] for r in rows], [r["tpf"] for r in rows], color="tab:blue")
+    ax.axhline(rows[0]["tpf"], color="grey", lw=1, ls="--")
+    ax.set_ylabel("held-out Jacobi TPF")
+    ax.tick_params(axis="x", rotation=30)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("config")
+    p.add_argument("overrides", nargs="*", help="key=value overrides shared by every variant")
+    p.add_argument("--variant", action="append", default=[], help="'NAME: key=value ...' (repeatable)")
+    p.add_argument("--steps", type=int, required=True, help="training steps of every variant")
+    p.add_argument("--prompts", action="append", required=True, help="held-out JSONL (repeatable)")
+    p.add_argument("--limit", type=int, default=3, help="prompts per --prompts file")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--runs", default="runs/ablation", help="parent directory of the variants' run dirs")
+    p.add_argument("--out", required=True, help="output path without extension (.jsonl, .md, .png)")
+    args = p.parse_args(argv)
+    variants = [parse_variant(v) for v in args.variant]
+
+    from jf_jax.api import encode_prompts, load_model
+    from jf_jax.train_config import load_config
+    from jf_jax.train_loop import run_training
+
+    shared = [f"train.steps={args.steps}", f"train.ckpt_every={args.steps}", "train.keep_checkpoints=1",
+              *args.overrides]
+    tcfg = load_config(args.config, shared)
+    n = tcfg.data.block_size
+    rows_in = [r for f in args.prompts for r in read_jsonl(f)[: args.limit]]
+    base_model = load_model(tcfg.model.path)
+    prompts = encode_prompts(base_model, [r["prompt"] for r in rows_in])
+
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    done = {}
+    if os.path.exists(args.out + ".jsonl"):
+        with open(args.out + ".jsonl") as f:
+            done = {r["name"]: r for r in map(json.loads, f) if r.get("steps") == args.steps}
+
+    def record(row: dict) -> None:
+        done[row["name"]] = row
+        with open(args.out + ".jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(f"{row['name']}: TPF {row['tpf']:.3f}", {k: round(v, 3) for k, v in (row.get("losses") or {}).items()},
+              flush=True)
+
+    if "base" not in done:
+        record(dict(name="base", overrides=[], steps=args.steps,
+                    **measure_tpf(base_model, prompts, block_size=n, max_new_tokens=args.max_new_tokens)))
+    del base_model
+    for name, overrides in variants:
+        if name in done:
+            continue
+        run = os.path.join(args.runs, name)
+        cfg = load_config(args.config, shared + overrides)
+        start = time.perf_counter()
+        run_training(cfg, run)
+        seconds = time.perf_counter() - start
+        shutil.rmtree(os.path.join(run, "checkpoints"), ignore_errors=True)
+        model = load_model(run)
+        record(dict(name=name, overrides=overrides, steps=args.steps, train_seconds=seconds,
+                    losses=mean_losses(run, max(1, args.steps // 5)),
+                    **measure_tpf(model, prompts, block_size=cfg.data.block_size,
+                                  max_new_tokens=args.max_new_tokens)))
+    order = ["base"] + [name for name, _ in variants]
+    rows = [done[name] for name in order if name in done]
+    header = (f"# Ablation: {args.steps} steps per variant from {args.config} {' '.join(args.overrides)}\n\n"
+              f"Held-out Jacobi TPF (tokens / forwards, prefill counted) on {len(prompts)} prompts "
+              f"({', '.join(args.prompts)}; first {args.limit} each), {args.max_new_tokens} new tokens, greedy, "
+              f"float32, CPU ({time.strftime('%Y-%m-%d %H:%M')}). Losses: mean of the last fifth of the steps. "
+              f"'same as base': fraction of prompts whose greedy output equals the untrained model's.")
+    with open(args.out + ".md", "w") as f:
+        f.write(markdown(rows, header))
+    plot(rows, args.out + ".png")
+    print(f"wrote {args.out}.md and {args.out}.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
