@@ -13,7 +13,8 @@ For each --model (a jf_jax.weights spec or a training RUN_DIR):
   without prefill (spec Decision 8). "match_ar" is the fraction of prompts whose tokens equal AR's (greedy
   Jacobi / MR are lossless up to floating-point ties, so it should be ~1).
 * quality: GSM8K exact-answer accuracy of greedy AR answers on the first --math-limit problems of --math
-  (jf_jax.data.gsm.is_correct: last \\boxed{} / '####' / last number against the gold answer).
+  (jf_jax.data.gsm.is_correct: last \\boxed{} / '####' / last number against the gold answer), decoded in
+  batches of --math-batch problems (batched greedy AR; not timed).
 
 Writes OUT.json (everything, per prompt included) and OUT.md (tables).
 """
@@ -57,7 +58,7 @@ def _speed_one(model, method: str, prompts, *, max_new_tokens: int, options: dic
 
 def evaluate_model(spec: str, prompt_sets: dict[str, list[dict]], math_rows: list[dict], *, methods, block_size: int,
                    max_new_tokens: int, math_max_new_tokens: int, num_blocks: int = 2, seed: int = 0,
-                   model=None) -> dict:
+                   math_batch: int = 10, model=None) -> dict:
     from jf_jax.api import encode_prompts, load_model
     from jf_jax.data.gsm import extract_answer, is_correct
 
@@ -77,10 +78,15 @@ def evaluate_model(spec: str, prompt_sets: dict[str, list[dict]], math_rows: lis
                 m["match_ar"] = statistics.fmean(a == b for a, b in zip(ar, m["token_ids"]))
         result["speed"][set_name] = per_method
     if math_rows:
+        from jf_jax.ar_decode import generate_ar
+
         ids = encode_prompts(model, [r["prompt"] for r in math_rows])
-        r = _speed_one(model, "ar", ids, max_new_tokens=math_max_new_tokens, options={})
+        answers = []  # greedy AR, math_batch problems per batch (accuracy only: batching is not timed)
+        for i in range(0, len(ids), math_batch):
+            answers += generate_ar(model.params, model.cfg, ids[i:i + math_batch], max_new_tokens=math_max_new_tokens,
+                                   eos_ids=model.tokenizer.eos_ids, warmup=False).token_ids
         items = []
-        for row, toks in zip(math_rows, r["token_ids"]):
+        for row, toks in zip(math_rows, answers):
             text = model.tokenizer.decode(toks)
             got = extract_answer(text)
             items.append(dict(id=row["id"], gold=row["answer"], extracted=None if got is None else str(got),
@@ -124,6 +130,7 @@ def main(argv=None) -> int:
     p.add_argument("--num-blocks", type=int, default=2, help="mr: blocks in flight")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--math-max-new-tokens", type=int, default=256)
+    p.add_argument("--math-batch", type=int, default=10, help="problems decoded together (AR, batched)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="output path without extension (writes .json and .md)")
     args = p.parse_args(argv)
@@ -135,7 +142,7 @@ def main(argv=None) -> int:
         start = time.perf_counter()
         res = evaluate_model(spec, prompt_sets, math_rows, methods=methods, block_size=args.block_size,
                              max_new_tokens=args.max_new_tokens, math_max_new_tokens=args.math_max_new_tokens,
-                             num_blocks=args.num_blocks, seed=args.seed)
+                             num_blocks=args.num_blocks, seed=args.seed, math_batch=args.math_batch)
         res["seconds"] = time.perf_counter() - start
         results.append(res)
         for set_name, per_method in res["speed"].items():

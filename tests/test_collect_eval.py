@@ -105,6 +105,8 @@ def test_evaluate_model_and_markdown(tmp_path):
         assert speed[m]["tpf"] >= 1.0 and speed[m]["match_ar"] == 1.0  # greedy Jacobi/MR are lossless
         assert speed[m]["tokens"] == speed["ar"]["tokens"]
     assert res["math"]["problems"] == 2 and 0.0 <= res["math"]["accuracy"] <= 1.0
+    # the math answers are decoded as one batch; they equal the one-at-a-time greedy AR answers
+    assert [i["text"] for i in res["math"]["items"]] == [model.tokenizer.decode(t) for t in speed["ar"]["token_ids"]]
     md = markdown([res], dict(block_size=4, max_new_tokens=8))
     assert "| tiny | held | mr |" in md and "GSM held-out" in md
 
