@@ -2,7 +2,9 @@
 
 import gzip
 import json
+import os
 import subprocess
+import sys
 import zipfile
 from fractions import Fraction
 
@@ -87,6 +89,25 @@ def test_stdlib_code_tasks():
     wrap = next(t for t in tasks if t.name == "wrap")
     assert wrap.prompt.startswith("Write a Python function `wrap(text, width=70, **kwargs)`")
     assert all(len(t.doc) <= 600 and not t.name.startswith("_") for t in tasks)
+
+
+def test_signatures_are_stable_text():
+    sentinel, fallback = object(), {"b", "a", "c"}
+
+    def f(a, b=2, c="x", d=None, e=(1, 2.5), g=sentinel, h=fallback, i=len, *args, k=-1.0, **kw):
+        pass
+
+    assert code_prompts.stable_signature(f) == \
+        "(a, b=2, c='x', d=None, e=(1, 2.5), g=..., h=..., i=..., *args, k=-1.0, **kw)"
+    # whole modules whose defaults have addresses / hash orders: the same text in two processes
+    script = ("import json, sys; from jf_jax.data import code_prompts as c; "
+              "json.dump([t.prompt for t in c.stdlib_tasks(['logging', 'urllib.parse', 'dataclasses', 'string'])], "
+              "sys.stdout)")
+    runs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")]
+    assert runs[0] == runs[1] and " at 0x" not in runs[0]
+    assert any("urlencode(query, doseq=False, safe='', encoding=None, errors=None, quote_via=...)" in p
+               for p in json.loads(runs[0]))
 
 
 def test_build_reproducible_and_split(tmp_path, wheels_dir):

@@ -5,10 +5,16 @@ Only pure-Python functions (``inspect.isfunction``) defined in the module itself
 exact; the docstring is cleaned (``inspect.cleandoc``) and cut to its first paragraphs (``max_doc_chars``).
 Docstrings change between Python versions, so a build records ``sys.version`` and is reproducible on the same
 one. Functions are listed in (module, name) order; the split into train / held-out is a seeded shuffle.
+
+A default value is shown only when its repr is a plain literal that reads back (``ast.literal_eval``) and is not
+a set; other defaults show as ``...``. Their reprs hold memory addresses (``<function quote_plus at 0x7f..>``,
+``<object object at 0x7f..>``) or hash-seed-dependent orders (sets of strings), which made the prompt text
+change from one process to the next.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import importlib
 import inspect
@@ -44,6 +50,28 @@ class CodeTask:
                 f"{self.doc}\n\nReturn the complete function in a ```python code block.")
 
 
+class _Elided:
+    def __repr__(self) -> str:
+        return "..."
+
+
+def _stable_default(value) -> bool:
+    if isinstance(value, (set, frozenset)):
+        return False
+    try:
+        return ast.literal_eval(repr(value)) == value
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return False
+
+
+def stable_signature(func) -> str:
+    """``str(inspect.signature(func))`` with every default whose repr is not a stable literal shown as ``...``."""
+    sig = inspect.signature(func)
+    params = [p if p.default is inspect.Parameter.empty or _stable_default(p.default) else p.replace(default=_Elided())
+              for p in sig.parameters.values()]
+    return str(sig.replace(parameters=params))
+
+
 def _clean_doc(doc: str, max_chars: int) -> str:
     paragraphs = [p.strip() for p in inspect.cleandoc(doc).split("\n\n") if p.strip()]
     out = ""
@@ -71,7 +99,7 @@ def stdlib_tasks(modules=STDLIB_MODULES, *, min_doc_chars: int = 40, max_doc_cha
             if not doc or len(doc.strip()) < min_doc_chars:
                 continue
             try:
-                sig = str(inspect.signature(obj))
+                sig = stable_signature(obj)
             except (TypeError, ValueError):
                 continue
             key = (mod.__name__, name)
