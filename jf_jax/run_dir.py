@@ -6,6 +6,7 @@
     RUN_DIR/model_config.json    ModelConfig.to_dict() of the trained model
     RUN_DIR/metrics.jsonl        one JSON object per logged step: {"step": s, "loss/total": ..., ...}
     RUN_DIR/loss_curve.png       loss curves drawn from metrics.jsonl
+    RUN_DIR/tensorboard/         a TensorBoard event file of the same metrics (``jf_jax.tensorboard``)
     RUN_DIR/checkpoints/<step>/  orbax CheckpointManager steps: the whole TrainState (step, params, opt_state)
     RUN_DIR/params/              orbax StandardSave of the final parameters (the ``jf_jax.params`` tree)
     RUN_DIR/trajectories/        trajectories collected by the run itself (synthetic data source only)
@@ -33,6 +34,7 @@ CONFIG_FILE = "config.yaml"
 MODEL_CONFIG_FILE = "model_config.json"
 METRICS_FILE = "metrics.jsonl"
 LOSS_CURVE_FILE = "loss_curve.png"
+TENSORBOARD_DIR = "tensorboard"
 CHECKPOINT_DIR = "checkpoints"
 PARAMS_DIR = "params"
 TRAJECTORY_DIR = "trajectories"

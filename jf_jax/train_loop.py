@@ -5,6 +5,8 @@
   (data seed, step) (``packing.BatchStream``) and the step uses no device randomness, so a run killed at any
   point and restarted with the same run dir replays the same batches from the last checkpoint and produces
   the same losses as an uninterrupted run. Metrics lines logged after that checkpoint are dropped on resume.
+* Metrics go to ``metrics.jsonl`` every ``log_every`` steps; ``loss_curve.png`` and a TensorBoard event file
+  (``tensorboard --logdir RUN_DIR/tensorboard``) are redrawn from it.
 * A non-finite loss stops the run with ``NonFiniteLossError`` before anything of that step is saved: the
   newest checkpoint stays the last good one.
 """
@@ -25,6 +27,7 @@ import yaml
 from tqdm.auto import tqdm
 
 from jf_jax import run_dir as rd
+from jf_jax import tensorboard
 from jf_jax.config import ModelConfig
 from jf_jax.packing import BatchStream, example_from_records, pack_example
 from jf_jax.params import abstract_params, init_params
@@ -166,6 +169,12 @@ def plot_metrics(run_dir: str) -> str | None:
     return out
 
 
+def write_reports(run_dir: str) -> None:
+    """loss_curve.png and the TensorBoard event file, both redrawn from metrics.jsonl."""
+    plot_metrics(run_dir)
+    tensorboard.export_run(run_dir, rd.METRICS_FILE, rd.TENSORBOARD_DIR)
+
+
 def _to_tree(state: TrainState) -> dict:
     return {"step": state.step, "params": state.params, "opt_state": state.opt_state}
 
@@ -216,7 +225,7 @@ def run_training(tcfg: TrainConfig, run_dir: str, *, progress: bool = True, stop
                 done = step + 1
                 if not all(math.isfinite(m[k]) for k in ("loss/total", "loss/ar", "loss/consistency")):
                     metrics_file.close()
-                    plot_metrics(run_dir)
+                    write_reports(run_dir)
                     raise NonFiniteLossError(
                         f"non-finite loss at step {done} (loss/total={m['loss/total']}, loss/ar={m['loss/ar']}, "
                         f"loss/consistency={m['loss/consistency']}, grad_norm={m['learning/grad_norm']}); "
@@ -226,6 +235,8 @@ def run_training(tcfg: TrainConfig, run_dir: str, *, progress: bool = True, stop
                     metrics_file.write(json.dumps({"step": done, **m}) + "\n")
                     metrics_file.flush()
                 mngr.save(done, args=ocp.args.StandardSave(_to_tree(state)), force=done == total)
+                if done % tcfg.train.ckpt_every == 0:
+                    tensorboard.export_run(run_dir, rd.METRICS_FILE, rd.TENSORBOARD_DIR)  # live view
                 results[done] = m
                 bar.update(1)
                 bar.set_postfix(loss=f"{m['loss/total']:.4f}")
@@ -236,5 +247,5 @@ def run_training(tcfg: TrainConfig, run_dir: str, *, progress: bool = True, stop
         final_step = int(state.step)
         if final_step == total:
             rd.export_params(run_dir, cfg, jax.device_get(state.params))
-    plot_metrics(run_dir)
+    write_reports(run_dir)
     return TrainResult(run_dir=run_dir, step=final_step, metrics=results, num_sequences=len(stream.sequences))

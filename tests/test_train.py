@@ -84,6 +84,7 @@ def test_loss_decreases_on_a_fixed_batch(uninterrupted):
     assert float(metrics["loss/consistency"]) > 0
     assert result.metrics[12]["loss/ar"] < 0.6 * result.metrics[1]["loss/ar"]
     assert os.path.exists(os.path.join(run, rd.LOSS_CURVE_FILE))
+    assert os.path.getsize(os.path.join(run, rd.TENSORBOARD_DIR, "events.out.tfevents.0.jf_jax")) > 12 * 16
 
 
 def test_killed_run_resumes_exactly(uninterrupted, tmp_path):
