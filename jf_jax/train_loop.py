@@ -141,7 +141,8 @@ def _truncate_metrics(path: str, last_step: int) -> None:
 
 
 def plot_metrics(run_dir: str) -> str | None:
-    """Draws loss/total, loss/ar and loss/consistency from metrics.jsonl into loss_curve.png."""
+    """Draws loss/total, loss/ar and loss/consistency from metrics.jsonl into loss_curve.png (with a moving mean
+    over ~1/30 of the run)."""
     path = os.path.join(run_dir, rd.METRICS_FILE)
     if not os.path.exists(path):
         return None
@@ -157,8 +158,14 @@ def plot_metrics(run_dir: str) -> str | None:
     keys = ("loss/total", "loss/ar", "loss/consistency")
     fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3))
     steps = [r["step"] for r in rows]
+    window = max(1, len(rows) // 30)  # per-step losses of batch-1 runs are noisy: overlay a moving mean
     for ax, key in zip(axes, keys):
-        ax.plot(steps, [r.get(key, math.nan) for r in rows])
+        values = np.array([r.get(key, math.nan) for r in rows], np.float64)
+        ax.plot(steps, values, color="tab:blue", alpha=0.35 if window > 1 else 1.0, lw=0.8)
+        if window > 1:
+            smooth = np.convolve(values, np.ones(window) / window, mode="valid")
+            ax.plot(steps[window - 1:], smooth, color="tab:blue", lw=1.8, label=f"mean of {window} steps")
+            ax.legend(fontsize=8)
         ax.set_title(key)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
