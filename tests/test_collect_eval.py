@@ -188,3 +188,15 @@ def test_ablation_variants_and_table():
                  losses={"loss/ar": 0.5, "loss/consistency": 0.25, "loss/total": 7.5}, token_ids=[[1, 2], [4]])]
     table = markdown(rows, "# header")
     assert "| cw10 | loss.consistency_weight=10 | 1.250 | 1.250 | 0.500 | 0.250 | 12 | 0.50 |" in table
+
+
+def test_code_quality_checks():
+    from experiments.code_quality import check_answer, function_name
+
+    assert function_name("Write a Python function `wrap(text, width=70)` that does") == "wrap"
+    good = "Sure:\n```python\ndef wrap(text, width=70):\n    return [text]\n```\n"
+    assert check_answer(good, "wrap") == dict(closed_block=True, parses=True, defines=True)
+    assert check_answer(good, "dedent") == dict(closed_block=True, parses=True, defines=False)
+    assert check_answer("```python\ndef wrap(text:\n```", "wrap") == dict(closed_block=True, parses=False,
+                                                                         defines=False)
+    assert check_answer("```python\ndef wrap(text):\n    return", "wrap")["closed_block"] is False  # cut off
