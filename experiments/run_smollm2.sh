@@ -48,7 +48,10 @@ full)
       --out "runs/trajectories/smollm2_n8_w$2" --block-size 8 --max-new-tokens 64 --repetition-filter \
       --prompts-per-shard 8 --no-progress
   }
-  collect_worker 0 0 & collect_worker 80 1 & wait
+  collect_worker 0 0 & w0=$!
+  collect_worker 80 1 & w1=$!
+  failed=0; wait "$w0" || failed=1; wait "$w1" || failed=1
+  [ "$failed" = 0 ]  # a failed worker stops the script (a bare `wait` returns 0)
   python experiments/train.py configs/smollm2_jf.yaml --run-dir runs/smollm2_jf_r1 ${TRAIN_OVERRIDES:-}
   python experiments/evaluate.py --model smollm2-135m --model runs/smollm2_jf_r1 \
       --prompts "$PROMPTS/code_heldout.jsonl" --prompts "$PROMPTS/math_heldout.jsonl" --limit 8 \
@@ -63,7 +66,10 @@ r2)
       --limit 80 --out "runs/trajectories/smollm2_r1_n16_w$2" --block-size 16 --max-new-tokens 64 \
       --repetition-filter --prompts-per-shard 8 --no-progress
   }
-  collect_worker 0 0 & collect_worker 80 1 & wait
+  collect_worker 0 0 & w0=$!
+  collect_worker 80 1 & w1=$!
+  failed=0; wait "$w0" || failed=1; wait "$w1" || failed=1
+  [ "$failed" = 0 ]  # a failed worker stops the script (a bare `wait` returns 0)
   python experiments/train.py configs/smollm2_jf_r2.yaml --run-dir runs/smollm2_jf_r2 ${TRAIN_OVERRIDES:-}
   python experiments/evaluate.py --model smollm2-135m --model runs/smollm2_jf_r1 --model runs/smollm2_jf_r2 \
       --prompts "$PROMPTS/code_heldout.jsonl" --prompts "$PROMPTS/math_heldout.jsonl" --limit 8 \
