@@ -49,9 +49,9 @@ def measure_tpf(model, prompts: list[list[int]], *, block_size: int, max_new_tok
 
 
 def mean_losses(run_dir: str, last: int) -> dict:
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        rows = [json.loads(ln) for ln in f if ln.strip()]
-    tail = rows[-last:]
+    from jf_jax.run_dir import read_metrics
+
+    tail = read_metrics(run_dir)[-last:]
     return {k: statistics.fmean(r[k] for r in tail) for k in ("loss/ar", "loss/consistency", "loss/total")}
 
 

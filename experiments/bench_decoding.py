@@ -109,6 +109,8 @@ def main(argv=None) -> int:
 
 
 def markdown(report: dict, tuned_report: dict, args) -> str:
+    from jf_jax import tuner
+
     s = report["summary"]
     rel = lambda p: os.path.relpath(p, args.out.parent)  # noqa: E731
     h = report["host"]
@@ -165,12 +167,10 @@ def markdown(report: dict, tuned_report: dict, args) -> str:
         "| device | block size | verification size | TPF | predicted tok/s | predicted AR tok/s | latency model |",
         "|---|---|---|---|---|---|---|",
     ]
-    for model_name, devices in [(tuned_report["model"], tuned_report["devices"])] + [
-            (k, v["devices"]) for k, v in tuned_report["reference_models"].items()]:
-        for d, c in devices.items():
-            lines.append(f"| {d} ({model_name}) | {c['block_size']} | {c['pool_size']} | {c['tpf']:.3f} | "
-                         f"{c['predicted_tokens_per_second']:.1f} | {c['predicted_ar_tokens_per_second']:.1f} | "
-                         f"{c['latency_model']} |")
+    for model_name, d, c in tuner.chosen_configs(tuned_report):
+        lines.append(f"| {d} ({model_name}) | {c['block_size']} | {c['pool_size']} | {c['tpf']:.3f} | "
+                     f"{c['predicted_tokens_per_second']:.1f} | {c['predicted_ar_tokens_per_second']:.1f} | "
+                     f"{c['latency_model']} |")
     lines += [
         "",
         f"Plots: [latency vs parallel tokens]({rel(args.tune_dir / 'latency.png')}), "

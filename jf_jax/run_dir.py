@@ -60,6 +60,15 @@ def load_base_model(run_dir: str) -> str | None:
         return json.load(f)["spec"]
 
 
+def read_metrics(run_dir: str) -> list[dict]:
+    """The rows of ``metrics.jsonl`` (empty when the run has logged nothing yet)."""
+    path = os.path.join(run_dir, METRICS_FILE)
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(ln) for ln in f if ln.strip()]
+
+
 def save_model_config(run_dir: str, cfg: ModelConfig) -> None:
     with open(os.path.join(run_dir, MODEL_CONFIG_FILE), "w") as f:
         json.dump(cfg.to_dict(), f, indent=1)

@@ -15,9 +15,10 @@ never shows the steps a crashed run lost.
 
 from __future__ import annotations
 
-import json
 import os
 import struct
+
+from jf_jax import run_dir as rd
 
 EVENT_FILE = "events.out.tfevents.0.jf_jax"
 
@@ -92,16 +93,12 @@ def write_scalars(path: str, rows: list[dict], wall_time: float = 0.0) -> None:
     os.replace(tmp, path)
 
 
-def export_run(run_dir: str, metrics_file: str = "metrics.jsonl", out_dir: str = "tensorboard") -> str | None:
+def export_run(run_dir: str) -> str | None:
     """``RUN_DIR/tensorboard/<event file>`` from ``RUN_DIR/metrics.jsonl``; None when there are no metrics."""
-    path = os.path.join(run_dir, metrics_file)
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        rows = [json.loads(ln) for ln in f if ln.strip()]
+    rows = rd.read_metrics(run_dir)
     if not rows:
         return None
-    os.makedirs(os.path.join(run_dir, out_dir), exist_ok=True)
-    out = os.path.join(run_dir, out_dir, EVENT_FILE)
-    write_scalars(out, rows, wall_time=os.path.getmtime(path))
+    os.makedirs(os.path.join(run_dir, rd.TENSORBOARD_DIR), exist_ok=True)
+    out = os.path.join(run_dir, rd.TENSORBOARD_DIR, EVENT_FILE)
+    write_scalars(out, rows, wall_time=os.path.getmtime(os.path.join(run_dir, rd.METRICS_FILE)))
     return out

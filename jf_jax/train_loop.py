@@ -143,11 +143,7 @@ def _truncate_metrics(path: str, last_step: int) -> None:
 def plot_metrics(run_dir: str) -> str | None:
     """Draws loss/total, loss/ar and loss/consistency from metrics.jsonl into loss_curve.png (with a moving mean
     over ~1/30 of the run)."""
-    path = os.path.join(run_dir, rd.METRICS_FILE)
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        rows = [json.loads(ln) for ln in f if ln.strip()]
+    rows = rd.read_metrics(run_dir)
     if not rows:
         return None
     import matplotlib
@@ -179,7 +175,7 @@ def plot_metrics(run_dir: str) -> str | None:
 def write_reports(run_dir: str) -> None:
     """loss_curve.png and the TensorBoard event file, both redrawn from metrics.jsonl."""
     plot_metrics(run_dir)
-    tensorboard.export_run(run_dir, rd.METRICS_FILE, rd.TENSORBOARD_DIR)
+    tensorboard.export_run(run_dir)
 
 
 def _to_tree(state: TrainState) -> dict:
@@ -243,7 +239,7 @@ def run_training(tcfg: TrainConfig, run_dir: str, *, progress: bool = True, stop
                     metrics_file.flush()
                 mngr.save(done, args=ocp.args.StandardSave(_to_tree(state)), force=done == total)
                 if done % tcfg.train.ckpt_every == 0:
-                    tensorboard.export_run(run_dir, rd.METRICS_FILE, rd.TENSORBOARD_DIR)  # live view
+                    tensorboard.export_run(run_dir)  # live view
                 results[done] = m
                 bar.update(1)
                 bar.set_postfix(loss=f"{m['loss/total']:.4f}")

@@ -447,18 +447,24 @@ def int_or_tuned(text: str):
         raise argparse.ArgumentTypeError(f"expected an integer or 'tuned', got {text!r}") from None
 
 
+def chosen_configs(report: dict):
+    """(model name, device, chosen configuration) of the tuned model and then of each reference model."""
+    for model_name, devices in [(report["model"], report["devices"])] + [
+            (k, v["devices"]) for k, v in report["reference_models"].items()]:
+        for device, config in devices.items():
+            yield model_name, device, config
+
+
 def summary_lines(report: dict) -> list[str]:
     meas = report["latency"]["measured"]
     lines = [f"measured forward latency ({meas['device']}, {report['model']}, context {meas['context']}):"]
     lines += [f"  {t:>4} tokens: {s * 1e3:8.2f} ms  ({r:.2f}x)" for t, s, r in
               zip(meas["tokens"], meas["seconds"], meas["relative_to_1_token"])]
     lines.append("chosen configuration per device (predicted tokens/s excludes prefill):")
-    for model_name, devices in [(report["model"], report["devices"])] + [
-            (k, v["devices"]) for k, v in report["reference_models"].items()]:
-        for d, c in devices.items():
-            lines.append(f"  {model_name:>14} {d:>5}: n={c['block_size']:<3} p={c['pool_size']} K={c['num_blocks']} "
-                         f"TPF {c['tpf']:.3f}  {c['predicted_tokens_per_second']:9.1f} tok/s "
-                         f"(AR {c['predicted_ar_tokens_per_second']:.1f}; {c['latency_model']})")
+    for model_name, d, c in chosen_configs(report):
+        lines.append(f"  {model_name:>14} {d:>5}: n={c['block_size']:<3} p={c['pool_size']} K={c['num_blocks']} "
+                     f"TPF {c['tpf']:.3f}  {c['predicted_tokens_per_second']:9.1f} tok/s "
+                     f"(AR {c['predicted_ar_tokens_per_second']:.1f}; {c['latency_model']})")
     return lines
 
 
