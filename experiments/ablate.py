@@ -38,7 +38,7 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
 
 
 def measure_tpf(model, prompts: list[list[int]], *, block_size: int, max_new_tokens: int) -> dict:
-    from jf_jax.jacobi import generate_jacobi
+    from jf_jax.decoding.jacobi import generate_jacobi
 
     r = generate_jacobi(model.params, model.cfg, prompts, max_new_tokens=max_new_tokens,
                         eos_ids=model.tokenizer.eos_ids, block_size=block_size)
@@ -49,7 +49,7 @@ def measure_tpf(model, prompts: list[list[int]], *, block_size: int, max_new_tok
 
 
 def mean_losses(run_dir: str, last: int) -> dict:
-    from jf_jax.run_dir import read_metrics
+    from jf_jax.weights.run_dir import read_metrics
 
     tail = read_metrics(run_dir)[-last:]
     return {k: statistics.fmean(r[k] for r in tail) for k in ("loss/ar", "loss/consistency", "loss/total")}
@@ -101,8 +101,8 @@ def main(argv=None) -> int:
     variants = [parse_variant(v) for v in args.variant]
 
     from jf_jax.api import encode_prompts, load_model
-    from jf_jax.train_config import load_config
-    from jf_jax.train_loop import run_training
+    from jf_jax.training.config import load_config
+    from jf_jax.training.loop import run_training
 
     shared = [f"train.steps={args.steps}", f"train.ckpt_every={args.steps}", "train.keep_checkpoints=1",
               *args.overrides]

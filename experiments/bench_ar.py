@@ -44,7 +44,7 @@ def read_bandwidth_gbs(size_bytes: int = 1 << 30, threads: int = 2, repeats: int
 
 
 def bench_jf(model, encoded, tokens: int) -> list[float]:
-    from jf_jax.ar_decode import generate_ar
+    from jf_jax.decoding.ar import generate_ar
 
     rates = []
     for ids in encoded:
@@ -84,7 +84,8 @@ def main(argv=None) -> int:
     import torch
 
     from jf_jax import api
-    from jf_jax.params import param_bytes, stack_layers
+    from jf_jax.model.decode_view import stacked_params
+from jf_jax.model.params import param_bytes
     from jf_jax.weights.hf_reference import transformers_model_from_gguf
 
     torch.set_num_threads(args.threads)
@@ -95,7 +96,7 @@ def main(argv=None) -> int:
     bandwidth = read_bandwidth_gbs(threads=args.threads)
     # Bytes streamed per token: every weight once, in the declared layout (the decode view's transposed copy
     # of a tied embedding replaces the embedding in the matmul; the embedding itself is only gathered).
-    weight_bytes = param_bytes(stack_layers(model.params, model.cfg))
+    weight_bytes = param_bytes(stacked_params(model.params, model.cfg))
     bound = bandwidth * 1e9 / weight_bytes
     jf = bench_jf(model, encoded, args.tokens)
     hf = bench_hf(hf_model, encoded, args.tokens)

@@ -53,14 +53,15 @@ def main(argv=None) -> int:
     ap.add_argument("--render-only", action="store_true", help="re-write --out from the saved --json, no decoding")
     args = ap.parse_args(argv)
     if args.render_only:
-        from jf_jax import tuner
+        from jf_jax.tuning import tuner
 
         args.out.write_text(markdown(json.loads(args.json.read_text()), tuner.load_tuned(args.tune_dir), args))
         return 0
 
     from tqdm import tqdm
 
-    from jf_jax import api, tuner
+    from jf_jax import api
+    from jf_jax.tuning import tuner
     from jf_jax.decode import summarize
 
     command = " ".join(["python", "experiments/bench_decoding.py"] + sys.argv[1:])
@@ -109,7 +110,7 @@ def main(argv=None) -> int:
 
 
 def markdown(report: dict, tuned_report: dict, args) -> str:
-    from jf_jax import tuner
+    from jf_jax.tuning import tuner
 
     s = report["summary"]
     rel = lambda p: os.path.relpath(p, args.out.parent)  # noqa: E731

@@ -5,8 +5,8 @@
 
 --model is any jf_jax.weights spec: "smollm2-135m", a .gguf, a HF directory, or a training RUN_DIR (round 2 of
 progressive distillation re-collects with the round-1 model at a larger block size). Each prompt goes through
-the model's chat template and jf_jax.jacobi.record_trajectories (every iterate of every block, state 0 = the
-random draft); records are written by jf_jax.trajectories.collect in resumable shards (the on-disk format is
+the model's chat template and jf_jax.decoding.recording.record_trajectories (every iterate of every block, state 0 = the
+random draft); records are written by jf_jax.training.trajectories.collect in resumable shards (the on-disk format is
 documented there). Re-running the same command continues after the last complete shard; a different prompt
 list or block size on an existing directory is refused (the model and settings of the first run are recorded in
 the manifest's metadata; use a new directory for another model).
@@ -33,7 +33,7 @@ def select_prompts(rows: list[dict], domains: str | None, limit: int | None, off
 
 
 def make_record_fn(params, cfg, *, block_size: int, max_new_tokens: int, eos_ids, seed: int):
-    from jf_jax.jacobi import record_trajectories
+    from jf_jax.decoding.recording import record_trajectories
 
     def record_fn(prompt_ids):
         return record_trajectories(params, cfg, prompt_ids, block_size=block_size, max_new_tokens=max_new_tokens,
@@ -47,7 +47,7 @@ def run_collect(model, rows: list[dict], out: str, *, block_size: int, max_new_t
                 metadata: dict | None = None, progress: bool = True) -> dict:
     """Collects trajectories of ``model`` (a ``jf_jax.weights.LoadedModel``) on ``rows`` into ``out``."""
     from jf_jax.api import encode_prompts
-    from jf_jax.trajectories import collect, repetition_filter as make_filter
+    from jf_jax.training.trajectories import collect, repetition_filter as make_filter
 
     prompts = encode_prompts(model, [r["prompt"] for r in rows], chat=chat)
     eos = tuple(model.tokenizer.eos_ids)

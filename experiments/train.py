@@ -4,7 +4,7 @@
 
 Overrides use dotted keys, e.g. ``optim.learning_rate=3e-4 train.steps=200 data.schedule=random``. Running the
 same command again on the same run dir resumes from its last checkpoint. The run dir layout (config snapshot,
-metrics.jsonl, loss_curve.png, checkpoints/, params/ + model_config.json) is documented in jf_jax/run_dir.py.
+metrics.jsonl, loss_curve.png, checkpoints/, params/ + model_config.json) is documented in jf_jax/weights/run_dir.py.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from jf_jax.train_config import load_config
-from jf_jax.train_loop import NonFiniteLossError, run_training
+from jf_jax.training.config import load_config
+from jf_jax.training.loop import NonFiniteLossError, run_training
 
 
 def main(argv=None) -> int:

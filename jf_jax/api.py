@@ -16,25 +16,17 @@ from typing import Callable, Sequence
 
 import jax
 
-from jf_jax.ar_decode import generate_ar
-from jf_jax.generation import GenerationError, GenerationResult
-from jf_jax.params import unstack_layers
+from jf_jax.decoding.ar import generate_ar
+from jf_jax.decoding.common import GenerationError, GenerationResult
+from jf_jax.decoding.jacobi import generate_jacobi
+from jf_jax.decoding.multiblock import generate_mr
+from jf_jax.model.decode_view import decode_view
 
 DEFAULT_MODEL = "smollm2-135m"
 
-
-def _method_registry() -> dict[str, Callable[..., GenerationResult]]:
-    methods: dict[str, Callable[..., GenerationResult]] = {"ar": generate_ar}
-    try:  # the parallel decoders land in their own modules
-        from jf_jax.jacobi import generate_jacobi
-        from jf_jax.multiblock import generate_mr
-    except ImportError:
-        return methods
-    methods.update(jacobi=generate_jacobi, mr=generate_mr)
-    return methods
-
-
-METHODS = _method_registry()
+# Every decoding method, imported directly: a decoder that fails to import fails ``import jf_jax`` loudly
+# instead of silently vanishing from ``--methods``.
+METHODS: dict[str, Callable[..., GenerationResult]] = {"ar": generate_ar, "jacobi": generate_jacobi, "mr": generate_mr}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +41,9 @@ class Completion:
     seconds: float
     prefill_seconds: float
     stats: dict
+    """This prompt's statistics (``decoding.stats.prompt_stats``: TPF, tokens/s, iterations per block, ...)."""
+    settings: dict
+    """The method's settings (block size, driver, seed, ...)."""
 
     @property
     def new_tokens(self) -> int:
@@ -63,15 +58,15 @@ def default_column_shards() -> int:
 def load_model(spec: str = DEFAULT_MODEL, dtype: str = "float32", column_shards: int | None = None):
     """Loads weights, config and tokenizer from ``spec``: "smollm2-135m", a HF directory or a .gguf file.
 
-    The parameters are returned in the decoders' view (``params.unstack_layers``: layers unstacked, matmul
-    weights split in ``column_shards`` shards, default one per CPU core); ``params.stack_layers`` gives back
+    The parameters are returned in the decoders' view (``model.decode_view.DecodeView``: layers unstacked, matmul
+    weights split in ``column_shards`` shards, default one per CPU core); ``model.decode_view.stacked_params`` gives back
     the stacked training layout.
     """
     from jf_jax import weights  # deferred: it pulls in gguf / safetensors / orbax
 
     loaded = weights.load(spec, dtype=dtype)
     shards = default_column_shards() if column_shards is None else column_shards
-    return dataclasses.replace(loaded, params=unstack_layers(loaded.params, column_shards=shards))
+    return dataclasses.replace(loaded, params=decode_view(loaded.params, column_shards=shards))
 
 
 def encode_prompts(model, prompts: Sequence[str], chat: bool = True) -> list[list[int]]:
@@ -102,9 +97,9 @@ def generate(model, prompts: Sequence[str] | str, *, method: str = "ar", max_new
         result = decode(model.params, model.cfg, [ids], max_new_tokens=max_new_tokens,
                         eos_ids=model.tokenizer.eos_ids, **options)
         tokens = result.token_ids[0]
-        stats = {k: (v[0] if isinstance(v, list) and len(v) == 1 else v) for k, v in result.stats.items()}
+        settings = {k: v for k, v in result.stats.items() if k not in ("per_prompt", "total")}
         completions.append(Completion(method=method, prompt=prompt, token_ids=tokens,
                                       text=model.tokenizer.decode(tokens), forwards=result.forwards[0],
                                       seconds=result.seconds, prefill_seconds=result.prefill_seconds,
-                                      stats=stats))
+                                      stats=result.stats["per_prompt"][0], settings=settings))
     return completions

@@ -14,10 +14,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jf_jax.ar_decode import generate_ar
-from jf_jax.config import ModelConfig
-from jf_jax.model import forward_logits
-from jf_jax.params import init_params
+from jf_jax.decoding.ar import generate_ar
+from jf_jax.model.config import ModelConfig
+from jf_jax.model.transformer import forward_logits
+from jf_jax.model.params import init_params
 
 VOCAB = 64
 CFG = ModelConfig(architecture="llama", vocab_size=VOCAB, hidden_size=VOCAB, intermediate_size=96, num_layers=2,

@@ -8,8 +8,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from jf_jax.config import from_hf_config  # noqa: E402
-from jf_jax.convert import params_from_hf  # noqa: E402
+from jf_jax.model.config import from_hf_config  # noqa: E402
+from jf_jax.weights.hf_names import params_from_hf  # noqa: E402
 
 ARCHS = {
     "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),

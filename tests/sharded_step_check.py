@@ -11,13 +11,13 @@ import json
 import jax
 import numpy as np
 
-from jf_jax.losses import LossConfig
-from jf_jax.packing import BatchStream, example_from_records, pack_example
-from jf_jax.sharding import ShardingRules, make_mesh
-from jf_jax.synthetic import SyntheticRecorder, make_prompts
-from jf_jax.train_state import OptimConfig, init_state, make_optimizer, state_shardings
-from jf_jax.train_step import make_train_step, put_batch
-from jf_jax.trajectories import Record
+from jf_jax.training.losses import LossConfig
+from jf_jax.training.packing import BatchStream, example_from_records, pack_example
+from jf_jax.model.sharding import ShardingRules, make_mesh
+from jf_jax.training.synthetic import SyntheticRecorder, make_prompts
+from jf_jax.training.state import OptimConfig, init_state, make_optimizer, state_shardings
+from jf_jax.training.step import make_train_step, put_batch
+from jf_jax.training.trajectories import Record
 from train_helpers import TINY, numpy_params
 
 

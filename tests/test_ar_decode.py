@@ -4,17 +4,17 @@ import numpy as np
 import pytest
 
 from hf_models import hf_greedy, jax_twin, make_hf_model
-from jf_jax import ar_decode
-from jf_jax.ar_decode import generate_ar
-from jf_jax.generation import GenerationError, bucket, prepare_prompts
-from jf_jax.params import unstack_layers
+from jf_jax.decoding import ar as ar_decode
+from jf_jax.decoding.ar import generate_ar
+from jf_jax.decoding.common import GenerationError, bucket, prepare_prompts
+from jf_jax.model.decode_view import decode_view
 
 
 @pytest.fixture(scope="module", params=["qwen2", "llama"])
 def twins(request):
     model = make_hf_model(request.param, tie=request.param == "llama", seed=11, vocab=96)
     cfg, params = jax_twin(model)
-    return model, cfg, unstack_layers(params)
+    return model, cfg, decode_view(params)
 
 
 def _prompts(cfg, lengths, seed):

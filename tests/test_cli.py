@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from gguf_models import tiny_model, write_gguf
-from jf_jax import decode
+from jf_jax.cli import decode
 from jf_jax.weights import store
 
 RUN_KEYS = {"method", "prompt_index", "prompt", "token_ids", "text", "new_tokens", "forwards", "seconds",

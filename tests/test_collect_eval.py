@@ -7,9 +7,9 @@ import os
 import numpy as np
 import pytest
 
-from jf_jax import run_dir as rd
+from jf_jax.weights import run_dir as rd
 from jf_jax import weights
-from jf_jax.trajectories import load_responses, read_manifest
+from jf_jax.training.trajectories import load_responses, read_manifest
 from tests.train_helpers import TINY, numpy_params
 
 EOS = 1
@@ -148,8 +148,8 @@ def test_weights_load_run_dir_without_base_is_refused(tmp_path):
 
 
 def test_base_model_spec_inherited(tmp_path):
-    from jf_jax.train_config import config_from_dict
-    from jf_jax.train_loop import base_model_spec
+    from jf_jax.training.config import config_from_dict
+    from jf_jax.training.loop import base_model_spec
 
     parent = tmp_path / "r1"
     _export_tiny_run(parent, base="smollm2-135m")
@@ -164,7 +164,7 @@ def test_base_model_spec_inherited(tmp_path):
 
 @pytest.mark.parametrize("name", ["smollm2_jf", "smollm2_jf_r2", "smollm2_smoke", "tiny"])
 def test_configs_load(name):
-    from jf_jax.train_config import load_config
+    from jf_jax.training.config import load_config
 
     cfg = load_config(f"configs/{name}.yaml")
     if name == "smollm2_jf":

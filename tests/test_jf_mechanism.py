@@ -1,7 +1,7 @@
 """The mechanism, end to end: training on Jacobi trajectories raises a model's Jacobi TPF (slow, ~2 min).
 
 A tiny random model is trained with ``run_training`` (configs/tiny.yaml, widened) on the synthetic task of
-``jf_jax/synthetic.py``: each response continues its prompt as a shifted copy, so the greedy continuation is
+``jf_jax/training/synthetic.py``: each response continues its prompt as a shifted copy, so the greedy continuation is
 learnable, and the trajectories hold every stage of a block's convergence (state 0 = a random draft from the
 context). Before training, greedy Jacobi decoding of a random model accepts about one token per forward; after
 training, on held-out prompts, the model must (a) produce the task's continuation and (b) accept clearly more
@@ -19,8 +19,8 @@ MAX_NEW = 16
 
 
 def _tpf(params, cfg, prompts):
-    from jf_jax.jacobi import generate_jacobi
-    from jf_jax.synthetic import EOS_ID
+    from jf_jax.decoding.jacobi import generate_jacobi
+    from jf_jax.training.synthetic import EOS_ID
 
     r = generate_jacobi(params, cfg, prompts, max_new_tokens=MAX_NEW, eos_ids=(EOS_ID,), block_size=BLOCK)
     return sum(r.new_tokens) / sum(r.forwards), r.token_ids
@@ -29,11 +29,11 @@ def _tpf(params, cfg, prompts):
 def test_training_raises_jacobi_tpf(tmp_path):
     import jax
 
-    from jf_jax import run_dir as rd
-    from jf_jax.params import init_params
-    from jf_jax.synthetic import make_prompts, response_for
-    from jf_jax.train_config import load_config
-    from jf_jax.train_loop import run_training
+    from jf_jax.weights import run_dir as rd
+    from jf_jax.model.params import init_params
+    from jf_jax.training.synthetic import make_prompts, response_for
+    from jf_jax.training.config import load_config
+    from jf_jax.training.loop import run_training
 
     tcfg = load_config("configs/tiny.yaml", [
         f"train.steps={STEPS}", "train.ckpt_every=10000", "train.log_every=50",
@@ -44,7 +44,7 @@ def test_training_raises_jacobi_tpf(tmp_path):
     train_prompts = {p.tobytes() for p in make_prompts(s.num_prompts, s.prompt_len, s.vocab_size, seed=tcfg.data.seed)}
     assert not any(p.tobytes() in train_prompts for p in held_out)
 
-    from jf_jax.config import ModelConfig
+    from jf_jax.model.config import ModelConfig
 
     cfg = ModelConfig.from_dict(tcfg.model.config)
     before, _ = _tpf(init_params(cfg, jax.random.key(tcfg.seed)), cfg, held_out)

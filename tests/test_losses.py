@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jf_jax.losses import LossConfig, combine, loss_fn, loss_normalizers, weighted_sums_from_logits
-from jf_jax.packing import Example, assign_rows, make_batch, pack_ar_example, pack_example
+from jf_jax.training.losses import LossConfig, combine, loss_fn, loss_normalizers, weighted_sums_from_logits
+from jf_jax.training.packing import Example, assign_rows, make_batch, pack_ar_example, pack_example
 from train_helpers import TINY, numpy_params
 
 _sums = jax.jit(weighted_sums_from_logits)

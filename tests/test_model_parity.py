@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 
 from hf_models import hf_logits, jax_twin, make_hf_model, torch
-from jf_jax.convert import params_from_hf, params_to_hf
-from jf_jax.kv_cache import KVCache
-from jf_jax.model import forward_logits as _forward_logits
-from jf_jax.model import rms_norm, rope, rope_tables
-from jf_jax.params import cast_params, stack_layers, unstack_layers
+from jf_jax.weights.hf_names import params_from_hf, params_to_hf
+from jf_jax.model.kv_cache import KVCache
+from jf_jax.model.transformer import forward_logits as _forward_logits
+from jf_jax.model.transformer import rms_norm, rope, rope_tables
+from jf_jax.model.decode_view import decode_view, stacked_params
+from jf_jax.model.params import cast_params
 
 forward_logits = jax.jit(_forward_logits, static_argnums=1)  # op-by-op dispatch would dominate test time
 
@@ -42,10 +43,10 @@ def test_unstacked_layers_give_the_same_logits(twins):
     tokens = np.random.RandomState(1).randint(0, cfg.vocab_size, (1, 19))
     stacked, _ = forward_logits(params, cfg, tokens)
     for shards in (1, 3):  # 3 shards: uneven splits of every output axis
-        view = unstack_layers(params, column_shards=shards)
+        view = decode_view(params, column_shards=shards)
         unstacked, _ = forward_logits(view, cfg, tokens)
         np.testing.assert_allclose(np.asarray(unstacked), np.asarray(stacked), atol=1e-5, rtol=1e-5)
-        restacked = stack_layers(view, cfg)
+        restacked = stacked_params(view, cfg)
         assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), restacked, params))
 
 

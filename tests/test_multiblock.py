@@ -6,9 +6,9 @@ from hypothesis import given, settings, strategies as st
 
 from decoding_models import (CFG, MAX_NEW, MAX_PROMPT, VOCAB, ar_tokens, cycle_map, eos_cases, random_params,
                              successor_params)
-from jf_jax.generation import GenerationError
-from jf_jax.jacobi import generate_jacobi
-from jf_jax.multiblock import generate_mr
+from jf_jax.decoding.common import GenerationError
+from jf_jax.decoding.jacobi import generate_jacobi
+from jf_jax.decoding.multiblock import generate_mr
 
 # (block_size, num_blocks, spawn_ratio, pool_size); each setting compiles its own program: keep the list short.
 SETTINGS = ((8, 2, 0.85, 4), (3, 3, 0.34, 3), (8, 1, 0.85, 1))
@@ -51,7 +51,7 @@ def test_one_block_without_pool_is_vanilla_jacobi(model_seed):
 
 def test_eos_everywhere():
     seen = set()
-    for params, prompts in eos_cases():
+    for case, (params, prompts) in enumerate(eos_cases()):
         for prompt in prompts:
             free = ar_tokens(params, prompt, MAX_NEW)
             for eos in sorted(set(free)):
@@ -59,7 +59,7 @@ def test_eos_everywhere():
                 for setting in SETTINGS[:2]:
                     for draft_seed in range(2):
                         result = _mr(params, prompt, MAX_NEW, [eos], setting, draft_seed)
-                        assert result.token_ids[0] == expected, (map_seed, prompt, eos, setting)
+                        assert result.token_ids[0] == expected, (case, prompt, eos, setting)
                         seen.add(result.stats["per_prompt"][0]["stop_reason"])
     assert {"eos_accepted", "eos_correction", "eos_bonus", "eos_first"} <= seen, seen
 

@@ -186,10 +186,10 @@ class AttentionBattery:
 
     def test_model_forward_matches_reference(self):
         # The config switch: the whole decoder with the kernel equals the reference, with and without a cache.
-        from jf_jax.config import ModelConfig
-        from jf_jax.kv_cache import KVCache
-        from jf_jax.model import forward
-        from jf_jax.params import abstract_params
+        from jf_jax.model.config import ModelConfig
+        from jf_jax.model.kv_cache import KVCache
+        from jf_jax.model.transformer import forward
+        from jf_jax.model.params import abstract_params
 
         cfg = ModelConfig(architecture="qwen2", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
                           num_heads=4, num_kv_heads=2, head_dim=8, rope_theta=10000.0, rms_norm_eps=1e-6,

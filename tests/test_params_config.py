@@ -4,10 +4,10 @@ import jax
 import numpy as np
 import pytest
 
-from jf_jax.config import QWEN2P5_7B_HF_CONFIG, ConfigError, ModelConfig, from_hf_config
-from jf_jax.kv_cache import KVCache
-from jf_jax.model import forward_logits
-from jf_jax.params import abstract_params, check_params, count_params, init_params, logical_axes, param_specs
+from jf_jax.model.config import QWEN2P5_7B_HF_CONFIG, ConfigError, ModelConfig, from_hf_config
+from jf_jax.model.kv_cache import KVCache
+from jf_jax.model.transformer import forward_logits
+from jf_jax.model.params import abstract_params, check_params, count_params, init_params, logical_axes, param_specs
 
 
 def test_qwen2p5_7b_parameter_count_without_allocating():

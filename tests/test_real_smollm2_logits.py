@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from jf_jax import weights
-from jf_jax.model import forward_logits
+from jf_jax.model.transformer import forward_logits
 from jf_jax.weights import store
 
 torch = pytest.importorskip("torch")
@@ -106,13 +106,13 @@ GENERATE_PROMPTS = [
 
 def test_greedy_tokens_equal_transformers_generate(loads, hf_model):
     """Compiled jf-jax AR decoding == transformers' greedy ``generate`` on the real weights, chat prompts."""
-    from jf_jax.ar_decode import generate_ar
-    from jf_jax.params import unstack_layers
+    from jf_jax.decoding.ar import generate_ar
+    from jf_jax.model.decode_view import decode_view
 
     model = loads[1]
     tok = model.tokenizer
     encoded = [tok.encode(tok.apply_chat_template(p)) for p in GENERATE_PROMPTS]
-    result = generate_ar(unstack_layers(model.params), model.cfg, encoded, max_new_tokens=32, eos_ids=tok.eos_ids)
+    result = generate_ar(decode_view(model.params), model.cfg, encoded, max_new_tokens=32, eos_ids=tok.eos_ids)
     for ids, ours in zip(encoded, result.token_ids):
         with torch.no_grad():
             out = hf_model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),

@@ -5,7 +5,7 @@ import struct
 
 import pytest
 
-from jf_jax import tensorboard
+from jf_jax.training import tensorboard
 
 
 def test_crc32c_check_values():

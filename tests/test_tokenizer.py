@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from jf_jax.tokenizer import Tokenizer, TokenizerError
+from jf_jax.weights.tokenizer import Tokenizer, TokenizerError
 from jf_jax.weights.embedded import smollm2_gguf_path
 from jf_jax.weights.gguf import open_gguf, read_metadata
 

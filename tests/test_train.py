@@ -11,11 +11,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jf_jax import run_dir as rd
-from jf_jax import train_loop
-from jf_jax.losses import loss_fn
-from jf_jax.train_config import ConfigKeyError, config_from_dict, load_config
-from jf_jax.train_loop import NonFiniteLossError, run_training
+from jf_jax.weights import run_dir as rd
+from jf_jax.training import loop as train_loop
+from jf_jax.training.losses import loss_fn
+from jf_jax.training.config import ConfigKeyError, config_from_dict, load_config
+from jf_jax.training.loop import NonFiniteLossError, run_training
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_YAML = os.path.join(ROOT, "configs", "tiny.yaml")
@@ -39,8 +39,8 @@ def test_config_files_load_and_reject_unknown_keys():
 
 
 def test_data_path_list_concatenates_trajectory_directories(tmp_path):
-    from jf_jax.synthetic import SyntheticRecorder, make_prompts
-    from jf_jax.trajectories import collect
+    from jf_jax.training.synthetic import SyntheticRecorder, make_prompts
+    from jf_jax.training.trajectories import collect
 
     prompts = make_prompts(6, 8, 64, seed=3)
     recorder = SyntheticRecorder(4, 3, 64)

@@ -6,8 +6,8 @@ import os
 import numpy as np
 import pytest
 
-from jf_jax.synthetic import SyntheticRecorder, make_prompts
-from jf_jax.trajectories import (Record, TrajectoryFormatError, collect, iter_records, load_responses, read_shard,
+from jf_jax.training.synthetic import SyntheticRecorder, make_prompts
+from jf_jax.training.trajectories import (Record, TrajectoryFormatError, collect, iter_records, load_responses, read_shard,
                                  repetition_filter, write_shard)
 
 N = 4
@@ -100,7 +100,7 @@ def test_repetition_filter(tmp_path):
 
 
 def test_record_fn_may_return_objects_with_states(tmp_path):
-    class Block:  # the shape of jf_jax.jacobi.BlockTrajectory
+    class Block:  # the shape of jf_jax.decoding.recording.BlockTrajectory
         def __init__(self, states):
             self.states = states
 

@@ -11,9 +11,10 @@ import jax
 import numpy as np
 import pytest
 
-from jf_jax import roofline, tuner
-from jf_jax.config import QWEN2P5_7B_HF_CONFIG, ModelConfig, from_hf_config
-from jf_jax.params import abstract_params
+from jf_jax.tuning import roofline
+from jf_jax.tuning import tuner
+from jf_jax.model.config import QWEN2P5_7B_HF_CONFIG, ModelConfig, from_hf_config
+from jf_jax.model.params import abstract_params
 
 QWEN = roofline.ModelCost.from_config(from_hf_config(QWEN2P5_7B_HF_CONFIG), "qwen2.5-7b")
 

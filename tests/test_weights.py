@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from jf_jax import weights
-from jf_jax.config import ConfigError
-from jf_jax.convert import WeightsError
-from jf_jax.model import forward_logits
-from jf_jax.tokenizer import Tokenizer
+from jf_jax.model.config import ConfigError
+from jf_jax.weights.hf_names import WeightsError
+from jf_jax.model.transformer import forward_logits
+from jf_jax.weights.tokenizer import Tokenizer
 from jf_jax.weights import store
 from jf_jax.weights.gguf import load_gguf
 
@@ -222,7 +222,7 @@ def test_failed_or_partial_saves_are_never_trusted(tmp_path, monkeypatch):
 
 
 def test_runtime_modules_do_not_import_torch_or_transformers():
-    code = ("import sys, jf_jax.weights, jf_jax.tokenizer; "
+    code = ("import sys, jf_jax.weights, jf_jax.weights.tokenizer; "
             "bad = [m for m in ('torch', 'transformers') if m in sys.modules]; assert not bad, bad")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), *sys.path]))
     subprocess.run([sys.executable, "-c", code], check=True, env=env)

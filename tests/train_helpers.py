@@ -5,8 +5,8 @@ import math
 import jax
 import numpy as np
 
-from jf_jax.config import ModelConfig
-from jf_jax.params import ParamSpec, param_specs
+from jf_jax.model.config import ModelConfig
+from jf_jax.model.params import ParamSpec, param_specs
 
 TINY = ModelConfig(architecture="qwen2", vocab_size=48, hidden_size=32, intermediate_size=64, num_layers=2,
                    num_heads=4, num_kv_heads=2, head_dim=8, rope_theta=10000.0, rms_norm_eps=1e-6,

@@ -1,8 +1,8 @@
 """Loading a model: ``load("smollm2-135m")``, ``load("path/model.gguf")``, ``load("path/hf_dir")`` or
-``load("RUN_DIR")`` (a finished training run, ``jf_jax.run_dir``: its params, with the tokenizer of the base
+``load("RUN_DIR")`` (a finished training run, ``jf_jax.weights.run_dir``: its params, with the tokenizer of the base
 model recorded in its ``base_model.json``).
 
-Every source goes through Hugging Face names and the strict map of ``jf_jax.convert``; the converted
+Every source goes through Hugging Face names and the strict map of ``jf_jax.weights.hf_names``; the converted
 parameters are cached with orbax (``jf_jax.weights.store``) so later loads skip the conversion.
 """
 
@@ -14,10 +14,10 @@ import os
 import jax
 import jax.numpy as jnp
 
-from jf_jax.config import SUPPORTED_DTYPES, ConfigError, ModelConfig
-from jf_jax.convert import WeightsError
-from jf_jax.params import Params
-from jf_jax.tokenizer import Tokenizer
+from jf_jax.model.config import SUPPORTED_DTYPES, ConfigError, ModelConfig
+from jf_jax.weights.hf_names import WeightsError
+from jf_jax.model.params import Params
+from jf_jax.weights.tokenizer import Tokenizer
 from jf_jax.weights import store
 from jf_jax.weights.embedded import smollm2_gguf_path
 from jf_jax.weights.gguf import load_gguf
@@ -35,7 +35,7 @@ _ACCEPTED = (f"a model name ({', '.join(KNOWN_MODELS)}), a path to a .gguf file,
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class LoadedModel:
-    """A model ready to run: ``jf_jax.model.forward(loaded.params, loaded.cfg, tokens)``."""
+    """A model ready to run: ``jf_jax.model.transformer.forward(loaded.params, loaded.cfg, tokens)``."""
 
     cfg: ModelConfig
     params: Params
@@ -61,7 +61,7 @@ def resolve(spec: str) -> tuple[str, str, str]:
             return "gguf", path, name.removesuffix(".gguf")
         raise WeightsError(f"{path} is neither a .gguf file nor a GGUF file by its contents; accepted: {_ACCEPTED}")
     if os.path.isdir(path):
-        from jf_jax import run_dir
+        from jf_jax.weights import run_dir
 
         if run_dir.is_run_dir(path):
             return "run", path, name
@@ -93,7 +93,7 @@ def load(spec: str, dtype: str = "float32", cache: bool = True) -> LoadedModel:
 
 
 def _load_run(path: str, name: str, dtype: str, cache: bool) -> LoadedModel:
-    from jf_jax import run_dir
+    from jf_jax.weights import run_dir
 
     base = run_dir.load_base_model(path)
     if base is None:

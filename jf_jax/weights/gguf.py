@@ -2,7 +2,7 @@
 
 A GGUF holds its hyperparameters as ``<arch>.*`` metadata and its tensors under llama.cpp names, possibly
 quantized. We turn both into their Hugging Face form (config.json keys, ``model.layers.N...`` names, HF
-shapes) so that the one strict name map in ``jf_jax.convert`` does the rest. Two llama.cpp conventions
+shapes) so that the one strict name map in ``jf_jax.weights.hf_names`` does the rest. Two llama.cpp conventions
 are undone here:
 
 * GGUF lists dimensions fastest-first (``[in, out]``); the row-major array the reader returns is already
@@ -20,9 +20,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from jf_jax.config import ConfigError, ModelConfig, from_hf_config
-from jf_jax.convert import WeightsError, params_from_hf
-from jf_jax.tokenizer import Tokenizer
+from jf_jax.model.config import ConfigError, ModelConfig, from_hf_config
+from jf_jax.weights.hf_names import WeightsError, params_from_hf
+from jf_jax.weights.tokenizer import Tokenizer
 
 GGUF_ARCHITECTURES = ("llama", "qwen2")
 

@@ -17,9 +17,9 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from jf_jax.config import ConfigError, ModelConfig, from_hf_config
-from jf_jax.convert import WeightsError, params_from_hf
-from jf_jax.tokenizer import Tokenizer
+from jf_jax.model.config import ConfigError, ModelConfig, from_hf_config
+from jf_jax.weights.hf_names import WeightsError, params_from_hf
+from jf_jax.weights.tokenizer import Tokenizer
 
 _SINGLE = "model.safetensors"
 _INDEX = "model.safetensors.index.json"

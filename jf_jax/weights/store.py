@@ -23,9 +23,9 @@ import uuid
 import jax
 import numpy as np
 
-from jf_jax.config import ModelConfig
-from jf_jax.params import Params, param_specs
-from jf_jax.tokenizer import Tokenizer
+from jf_jax.model.config import ModelConfig
+from jf_jax.model.params import Params, param_specs
+from jf_jax.weights.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import struct
 
-from jf_jax import run_dir as rd
+from jf_jax.weights import run_dir as rd
 
 EVENT_FILE = "events.out.tfevents.0.jf_jax"
 

@@ -1,4 +1,5 @@
-"""What every decoding method shares: prompt validation and bucketing, cache sizing, and the result type.
+"""What every decoding method shares: request validation, prompt bucketing and cache sizing, the greedy choice,
+EOS tests, why a prompt stopped, and the result type.
 
 Shapes that reach ``jax.jit`` are bucketed (prompt length, output buffer) so a new prompt of a similar
 length reuses the compiled program; what changes per call (lengths, max_new_tokens) is traced, not static.
@@ -7,17 +8,64 @@ length reuses the compiled program; what changes per call (lengths, max_new_toke
 from __future__ import annotations
 
 import dataclasses
+import enum
 from typing import Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
-from jf_jax.config import ModelConfig
+from jf_jax.model.config import ModelConfig
 
 MIN_BUCKET = 16
 
 
 class GenerationError(ValueError):
     """Invalid generation request (empty or over-long prompt, bad max_new_tokens, bad block size...)."""
+
+
+class StopReason(enum.IntEnum):
+    """Why a prompt's generation ended; held on device as its int value (``RUNNING`` until it ends)."""
+
+    RUNNING = 0
+    EOS_ACCEPTED = 1
+    """An EOS token was verified inside the draft."""
+    EOS_CORRECTION = 2
+    """The correction token (the model's own prediction after a rejected draft token) was EOS."""
+    EOS_BONUS = 3
+    """The bonus token after a fully accepted block was EOS."""
+    EOS_FIRST = 4
+    """The first generated token (from the prefill) was EOS."""
+    MAX_NEW_TOKENS = 5
+    """``max_new_tokens`` were generated; any EOS came later than that."""
+    EOS = 6
+    """AR decoding generated an EOS token (AR has no drafts, so no finer reason)."""
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+def check_int(name: str, value, low: int, high: int) -> int:
+    """``value`` as an int, or a GenerationError naming ``name`` and the allowed range."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not low <= value <= high:
+        raise GenerationError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
+    return int(value)
+
+
+def greedy(logits_f32):
+    """Argmax over float32 logits (ties -> lowest id, as torch.argmax on CPU)."""
+    return jnp.argmax(logits_f32.astype(jnp.float32), axis=-1).astype(jnp.int32)
+
+
+def is_eos(tokens, eos_ids):
+    """tokens [...], eos_ids [E] padded with -1 -> bool [...]."""
+    return (tokens[..., None] == eos_ids).any(axis=-1)
+
+
+def prompt_key(seed: int, index: int):
+    """The draft RNG key of prompt ``index`` of a call with ``seed``."""
+    return jax.random.fold_in(jax.random.PRNGKey(check_int("seed", seed, 0, 2**31 - 1)), index)
 
 
 def bucket(n: int, minimum: int = MIN_BUCKET) -> int:

@@ -1,4 +1,4 @@
-"""The Qwen2 / Llama decoder as pure functions over the parameter pytree of ``jf_jax.params``.
+"""The Qwen2 / Llama decoder as pure functions over the parameter pytree of ``jf_jax.model.params``.
 
 ``forward`` runs the stacked layers with ``lax.scan``. Without a cache it is the training / full-sequence
 forward (attention among the given tokens, masked by their ``TokenMeta``). With a cache the tokens attend to
@@ -11,10 +11,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jf_jax.config import ModelConfig
-from jf_jax.kv_cache import KVCache
-from jf_jax.masks import cache_key_meta, causal_meta, concat_meta
-from jf_jax.params import Params
+from jf_jax.model.config import ModelConfig
+from jf_jax.model.decode_view import MATMUL_WEIGHTS, DecodeView, Shards
+from jf_jax.model.kv_cache import KVCache
+from jf_jax.model.token_meta import cache_key_meta, causal_meta, concat_meta
+from jf_jax.model.params import Params
 from pallas_kernels.mask import MASK_NOISE_CONDITIONED, TokenMeta
 
 
@@ -55,14 +56,13 @@ def _attend(cfg: ModelConfig, q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, mas
     return attention_reference(q, k, v, q_meta, k_meta, mask_kind=mask_kind)
 
 
-def dense(equation: str, x, w, dtype):
-    """``einsum(equation, x, w)`` accumulated in float32; ``w`` may be a tuple of shards of one weight split
-    along its last axis (the decode view of ``params.unstack_layers(..., column_shards=n)``).
+def dense(equation: str, x, shards: Shards, dtype):
+    """``einsum(equation, x, w)`` accumulated in float32, for ``w`` given as ``Shards``: one weight split along
+    its last axis (a 1-tuple when unsplit), concatenated back.
 
     The shards' dots are independent, so XLA's CPU runtime runs them on different cores: a one-token step is
     a chain of matrix-vector products, and one XLA dot runs on a single core.
     """
-    shards = w if isinstance(w, tuple) else (w,)
     outs = [jnp.einsum(equation, x, s.astype(dtype), preferred_element_type=jnp.float32) for s in shards]
     return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=-1)
 
@@ -100,14 +100,22 @@ def _layer(cfg: ModelConfig, x, layer: Params, rope_tabs, q_meta, cache_kv, cach
     return x, (k, v)
 
 
-def _stack(params: Params, cfg: ModelConfig, tokens, positions, q_meta: TokenMeta, cache: KVCache | None,
+def _outer(params: Params | DecodeView):
+    """(embedding, final norm weight, output projection as ``Shards`` or None when tied) of either layout."""
+    if isinstance(params, DecodeView):
+        return params.embed, params.final_norm, params.lm_head
+    return params["embed"], params["final_norm"], (params["lm_head"],) if "lm_head" in params else None
+
+
+def _stack(params: Params | DecodeView, cfg: ModelConfig, tokens, positions, q_meta: TokenMeta, cache: KVCache | None,
            mask_kind: str):
     """Embedding, every layer and the final norm. Returns (hidden, new keys, new values [L, B, T, K, Dh]).
 
     A one-row cache serves every row of ``tokens`` (broadcast inside each layer, never copied per row).
     """
     B = tokens.shape[0]
-    x = params["embed"].astype(cfg.compute_dtype)[tokens]  # [B, T, D]
+    embed, final_norm, _ = _outer(params)
+    x = embed.astype(cfg.compute_dtype)[tokens]  # [B, T, D]
     rope_tabs = rope_tables(positions, cfg.head_dim, cfg.rope_theta)
     cache_meta = None
     if cache is not None:
@@ -120,20 +128,19 @@ def _stack(params: Params, cfg: ModelConfig, tokens, positions, q_meta: TokenMet
             cache_kv = tuple(jnp.broadcast_to(c, rows_kv_shape) for c in cache_kv)
         return _layer(cfg, x, layer, rope_tabs, q_meta, cache_kv, cache_meta, mask_kind)
 
-    layers = params["layers"]
-    if isinstance(layers, (tuple, list)):
-        # Per-layer arrays (``params.unstack_layers``): a Python loop, so no layer's weights are sliced out
-        # of a stacked array. On CPU the slice inside scan is a full copy that doubles the weight traffic
-        # of a one-token step; decoders use this form, training keeps the stacked scan.
+    if isinstance(params, DecodeView):
+        # A Python loop over per-layer arrays: no layer's weights are sliced out of a stacked array (on CPU the
+        # slice inside scan is a full copy that doubles the weight traffic of a one-token step).
         new_kv = []
-        for i, layer in enumerate(layers):
+        for i, layer in enumerate(params.layers):
             x, kv = body(x, (layer, None if cache is None else (cache.k[i], cache.v[i])))
             new_kv.append(kv)
         new_k, new_v = (jnp.stack(t) for t in zip(*new_kv))
     else:
-        xs = (layers, None if cache is None else (cache.k, cache.v))
-        x, (new_k, new_v) = jax.lax.scan(body, x, xs)
-    return rms_norm(x, params["final_norm"], cfg.rms_norm_eps), new_k, new_v
+        # The declared layout: stacked layers under ``lax.scan`` (training), each weight one unsplit shard.
+        layers = {k: (w,) if k in MATMUL_WEIGHTS else w for k, w in params["layers"].items()}
+        x, (new_k, new_v) = jax.lax.scan(body, x, (layers, None if cache is None else (cache.k, cache.v)))
+    return rms_norm(x, final_norm, cfg.rms_norm_eps), new_k, new_v
 
 
 def _default_positions(tokens, meta, cache):
@@ -145,9 +152,11 @@ def _default_positions(tokens, meta, cache):
     return jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
 
 
-def forward(params: Params, cfg: ModelConfig, tokens, positions=None, *, meta: TokenMeta | None = None,
+def forward(params: Params | DecodeView, cfg: ModelConfig, tokens, positions=None, *, meta: TokenMeta | None = None,
             cache: KVCache | None = None, mask_kind: str = MASK_NOISE_CONDITIONED):
-    """Runs the decoder stack and returns ``(hidden [B, T, D], cache)``.
+    """Runs the decoder stack and returns ``(hidden [B, T, D], cache)``. ``params`` is the declared stacked tree
+    (layers under ``lax.scan``) or a ``DecodeView`` (per-layer weights in a Python loop); both give the same
+    result.
 
     tokens: [B, T] int32. positions: [B, T] RoPE positions; defaults to ``meta.position``, else to
     ``cache.lengths + arange(T)`` with a cache and ``arange(T)`` without. meta: per-token mask data of the
@@ -163,7 +172,7 @@ def forward(params: Params, cfg: ModelConfig, tokens, positions=None, *, meta: T
     return x, cache
 
 
-def forward_shared_prefix(params: Params, cfg: ModelConfig, tokens, cache: KVCache, valid=None):
+def forward_shared_prefix(params: Params | DecodeView, cfg: ModelConfig, tokens, cache: KVCache, valid=None):
     """Forwards R candidate rows [R, W] over the committed prefix of a *one-row* cache that they all share.
 
     Row r's tokens sit at positions ``cache.lengths[0] + arange(W)``; ``valid`` [R, W] (default all) marks
@@ -180,16 +189,16 @@ def forward_shared_prefix(params: Params, cfg: ModelConfig, tokens, cache: KVCac
     return _stack(params, cfg, tokens, positions, q_meta, cache, MASK_NOISE_CONDITIONED)
 
 
-def logits(params: Params, cfg: ModelConfig, hidden):
+def logits(params: Params | DecodeView, cfg: ModelConfig, hidden):
     """Float32 vocabulary logits of hidden states [..., D] (the tied embedding when there is no lm_head)."""
     dt = cfg.compute_dtype
-    if "lm_head" in params:
-        return dense("...d,dv->...v", hidden.astype(dt), params["lm_head"], dt)
-    return jnp.einsum("...d,vd->...v", hidden.astype(dt), params["embed"].astype(dt),
-                      preferred_element_type=jnp.float32)
+    embed, _, head = _outer(params)
+    if head is not None:
+        return dense("...d,dv->...v", hidden.astype(dt), head, dt)
+    return jnp.einsum("...d,vd->...v", hidden.astype(dt), embed.astype(dt), preferred_element_type=jnp.float32)
 
 
-def forward_logits(params: Params, cfg: ModelConfig, tokens, positions=None, **kwargs):
+def forward_logits(params: Params | DecodeView, cfg: ModelConfig, tokens, positions=None, **kwargs):
     """``forward`` followed by ``logits`` on every position: returns (logits [B, T, V] float32, cache)."""
     hidden, cache = forward(params, cfg, tokens, positions, **kwargs)
     return logits(params, cfg, hidden), cache

@@ -1,4 +1,4 @@
-"""The host training loop: data, model, optimizer, mesh, checkpoints, metrics (run-dir layout: ``jf_jax.run_dir``).
+"""The host training loop: data, model, optimizer, mesh, checkpoints, metrics (run-dir layout: ``jf_jax.weights.run_dir``).
 
 * Exact resume: the state (step, params, optimizer state) is checkpointed with an orbax CheckpointManager
   (atomic: written to a temporary directory and renamed; keep-N). Batches are a pure function of
@@ -26,17 +26,17 @@ import orbax.checkpoint as ocp
 import yaml
 from tqdm.auto import tqdm
 
-from jf_jax import run_dir as rd
-from jf_jax import tensorboard
-from jf_jax.config import ModelConfig
-from jf_jax.packing import BatchStream, example_from_records, pack_example
-from jf_jax.params import abstract_params, init_params
-from jf_jax.sharding import ShardingRules, make_mesh
-from jf_jax.synthetic import SyntheticRecorder, make_prompts
-from jf_jax.train_config import ConfigKeyError, TrainConfig
-from jf_jax.train_state import TrainState, abstract_state, init_state, make_optimizer, state_shardings
-from jf_jax.train_step import make_train_step, put_batch
-from jf_jax.trajectories import collect, load_responses, read_manifest
+from jf_jax.weights import run_dir as rd
+from jf_jax.training import tensorboard
+from jf_jax.model.config import ModelConfig
+from jf_jax.training.packing import BatchStream, example_from_records, pack_example
+from jf_jax.model.params import abstract_params, init_params
+from jf_jax.model.sharding import ShardingRules, make_mesh
+from jf_jax.training.synthetic import SyntheticRecorder, make_prompts
+from jf_jax.training.config import ConfigKeyError, TrainConfig
+from jf_jax.training.state import TrainState, abstract_state, init_state, make_optimizer, state_shardings
+from jf_jax.training.step import make_train_step, put_batch
+from jf_jax.training.trajectories import collect, load_responses, read_manifest
 
 
 class NonFiniteLossError(RuntimeError):

@@ -14,8 +14,8 @@ from typing import Mapping
 import jax.numpy as jnp
 import numpy as np
 
-from jf_jax.config import ModelConfig
-from jf_jax.params import Params, check_params
+from jf_jax.model.config import ModelConfig
+from jf_jax.model.params import Params, check_params
 
 
 class WeightsError(ValueError):

@@ -16,22 +16,15 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 
-from jf_jax.config import ModelConfig
-from jf_jax.generation import GenerationResult, PreparedPrompts, eos_array, prepare_prompts, trim_outputs
-from jf_jax.kv_cache import KVCache
-from jf_jax.masks import causal_meta
-from jf_jax.model import forward, logits
-from jf_jax.params import Params, unstack_layers
-
-
-def greedy(logits_f32):
-    """Argmax over float32 logits (ties -> lowest id, as torch.argmax on CPU)."""
-    return jnp.argmax(logits_f32.astype(jnp.float32), axis=-1).astype(jnp.int32)
-
-
-def is_eos(tokens, eos_ids):
-    """tokens [...], eos_ids [E] padded with -1 -> bool [...]."""
-    return (tokens[..., None] == eos_ids).any(axis=-1)
+from jf_jax.decoding.common import (GenerationResult, PreparedPrompts, StopReason, eos_array, greedy, is_eos,
+                                    prepare_prompts, trim_outputs)
+from jf_jax.decoding.stats import prompt_stats, summarize
+from jf_jax.model.config import ModelConfig
+from jf_jax.model.decode_view import decode_view
+from jf_jax.model.kv_cache import KVCache
+from jf_jax.model.params import Params
+from jf_jax.model.token_meta import causal_meta
+from jf_jax.model.transformer import forward, logits
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "capacity"))
@@ -100,11 +93,16 @@ def generate_ar(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int
     """Greedy AR decoding of token-id prompts. With ``warmup`` the programs are compiled (by a 1-token
     run on the same bucketed shapes) before the timed run, so ``seconds`` excludes compilation."""
     prep = prepare_prompts(cfg, prompts, max_new_tokens, lookahead=1)
-    params = unstack_layers(params)  # the decoders' view, as jacobi and mr take it (no-op when already a view)
+    params = decode_view(params)  # the decoders' view, as jacobi and mr take it (no-op when already a view)
     eos = eos_array(eos_ids)
     if warmup:
         _run(params, cfg, prep, eos, 1)
     out, count, seconds, prefill_seconds = _run(params, cfg, prep, eos, prep.max_new_tokens)
     tokens = trim_outputs(out, count)
+    eos_set = set(int(e) for e in eos_ids)
+    per_prompt = [prompt_stats(tokens=len(t), forwards=len(t), stop=StopReason.EOS if t[-1] in eos_set
+                               else StopReason.MAX_NEW_TOKENS) for t in tokens]
+    stats = dict(method="ar", per_prompt=per_prompt,
+                 total=summarize(per_prompt, seconds=seconds, prefill_seconds=prefill_seconds))
     return GenerationResult(token_ids=tokens, forwards=[len(t) for t in tokens], seconds=seconds,
-                            prefill_seconds=prefill_seconds)
+                            prefill_seconds=prefill_seconds, stats=stats)

@@ -6,9 +6,9 @@
     RUN_DIR/model_config.json    ModelConfig.to_dict() of the trained model
     RUN_DIR/metrics.jsonl        one JSON object per logged step: {"step": s, "loss/total": ..., ...}
     RUN_DIR/loss_curve.png       loss curves drawn from metrics.jsonl
-    RUN_DIR/tensorboard/         a TensorBoard event file of the same metrics (``jf_jax.tensorboard``)
+    RUN_DIR/tensorboard/         a TensorBoard event file of the same metrics (``jf_jax.training.tensorboard``)
     RUN_DIR/checkpoints/<step>/  orbax CheckpointManager steps: the whole TrainState (step, params, opt_state)
-    RUN_DIR/params/              orbax StandardSave of the final parameters (the ``jf_jax.params`` tree)
+    RUN_DIR/params/              orbax StandardSave of the final parameters (the ``jf_jax.model.params`` tree)
     RUN_DIR/trajectories/        trajectories collected by the run itself (synthetic data source only)
     RUN_DIR/base_model.json      {"spec": ...}: the ``jf_jax.weights.load`` spec of the pretrained model the run
                                  started from (directly, or through the run it continued); its tokenizer is the
@@ -27,8 +27,8 @@ import os
 import jax
 import orbax.checkpoint as ocp
 
-from jf_jax.config import ModelConfig
-from jf_jax.params import Params, abstract_params, check_params
+from jf_jax.model.config import ModelConfig
+from jf_jax.model.params import Params, abstract_params, check_params
 
 CONFIG_FILE = "config.yaml"
 MODEL_CONFIG_FILE = "model_config.json"

@@ -181,12 +181,14 @@ def collect(prompts: Sequence[Sequence[int]], record_fn: Callable, out_dir: str,
     """Collects trajectories for ``prompts`` into ``out_dir``, resuming a previous run there.
 
     record_fn(prompt_ids) -> sequence of per-block state arrays ``[K_j + 1, n]``, or of objects with such a
-    ``.states`` attribute (e.g. ``jf_jax.jacobi.BlockTrajectory``); block 0 first; in each, state 0 is the
-    random draft and the last state the fixed point. For the Jacobi recording driver::
+    ``.states`` attribute (e.g. ``jf_jax.decoding.recording.BlockTrajectory``); block 0 first; in each, state 0 is
+    the random draft and the last state the fixed point. For the Jacobi recorder::
 
-        record_fn = lambda p: jacobi.record_trajectories(params, cfg, p, block_size=n, max_new_tokens=m,
-                                                         eos_ids=(eos,), seed=s) keep_fn(response_ids) -> bool (e.g.
-    ``repetition_filter()``) drops a prompt whose response it rejects. Returns the final manifest.
+        record_fn = lambda p: recording.record_trajectories(params, cfg, p, block_size=n, max_new_tokens=m,
+                                                            eos_ids=(eos,), seed=s)
+
+    keep_fn(response_ids) -> bool (e.g. ``repetition_filter()``) drops a prompt whose response it rejects.
+    Returns the final manifest.
     """
     os.makedirs(out_dir, exist_ok=True)
     fingerprint = prompts_fingerprint(prompts)

@@ -17,11 +17,11 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
-from jf_jax.config import ModelConfig
-from jf_jax.losses import LossConfig, combine, loss_normalizers, weighted_sums
-from jf_jax.sharding import ShardingRules, batch_shardings, replicated
-from jf_jax.train_state import OptimConfig, TrainState, lr_schedule, make_optimizer
-from jf_jax.packing import BATCH_KEYS
+from jf_jax.model.config import ModelConfig
+from jf_jax.training.losses import LossConfig, combine, loss_normalizers, weighted_sums
+from jf_jax.model.sharding import ShardingRules, batch_shardings, replicated
+from jf_jax.training.state import OptimConfig, TrainState, lr_schedule, make_optimizer
+from jf_jax.training.packing import BATCH_KEYS
 
 
 def _split_micro(batch, accum: int):

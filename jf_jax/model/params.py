@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jf_jax.config import ModelConfig
+from jf_jax.model.config import ModelConfig
 
 Params = dict  # nested dict of arrays, keyed as in the layout above
 
@@ -130,49 +131,3 @@ def check_params(cfg: ModelConfig, params: Params, source: str = "parameters") -
 
 def cast_params(params: Params, dtype) -> Params:
     return jax.tree.map(lambda x: x.astype(dtype), params)
-
-
-
-# Weights that multiply activations as ``x @ w`` with the output on w's last axis (split for the decode view).
-COLUMN_SPLIT_WEIGHTS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
-
-
-def _column_shards(w, n: int):
-    return tuple(jnp.array(s) for s in jnp.array_split(w, n, axis=-1))
-
-
-def unstack_layers(params: Params, column_shards: int = 1) -> Params:
-    """The decoders' view of the parameters: ``layers`` as a tuple of per-layer dicts.
-
-    Same declaration, same values: only how the arrays are held in memory for a jitted decode program, which
-    then never slices a layer out of a stacked array (see ``model.forward``). With ``column_shards`` > 1 every
-    matmul weight (and the output projection; for tied embeddings a transposed copy of the embedding) is
-    also held as that many shards along its output axis, so one-token steps use every CPU core
-    (``model.dense``). ``stack_layers`` undoes both.
-    """
-    layers = params["layers"]
-    if isinstance(layers, (tuple, list)):
-        return params
-    num_layers = next(iter(layers.values())).shape[0]
-    per_layer = tuple({k: v[i] for k, v in layers.items()} for i in range(num_layers))
-    view = {**params, "layers": per_layer}
-    if column_shards > 1:
-        view["layers"] = tuple({k: _column_shards(v, column_shards) if k in COLUMN_SPLIT_WEIGHTS else v
-                                for k, v in layer.items()} for layer in per_layer)
-        head = params["lm_head"] if "lm_head" in params else params["embed"].T
-        view["lm_head"] = _column_shards(head, column_shards)
-    return view
-
-
-def stack_layers(params: Params, cfg: ModelConfig) -> Params:
-    """Inverse of ``unstack_layers``: the stacked layout that ``param_specs(cfg)`` declares."""
-    layers = params["layers"]
-    if not isinstance(layers, (tuple, list)):
-        return params
-    join = lambda w: jnp.concatenate(w, axis=-1) if isinstance(w, tuple) else w  # noqa: E731
-    stacked = {**params, "layers": {k: jnp.stack([join(layer[k]) for layer in layers]) for k in layers[0]}}
-    if cfg.tie_word_embeddings:
-        stacked.pop("lm_head", None)  # the decode view's transposed copy of the embedding
-    elif isinstance(stacked.get("lm_head"), tuple):
-        stacked["lm_head"] = join(stacked["lm_head"])
-    return stacked

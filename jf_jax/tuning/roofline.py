@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from jf_jax.config import ModelConfig
+from jf_jax.model.config import ModelConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +73,7 @@ class ModelCost:
 
     @classmethod
     def from_config(cls, cfg: ModelConfig, name: str = "model") -> "ModelCost":
-        from jf_jax.params import abstract_params, count_params
+        from jf_jax.model.params import abstract_params, count_params
 
         abstract = abstract_params(cfg)
         streamed = count_params(abstract)

@@ -24,9 +24,9 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jf_jax import model
-from jf_jax.config import ModelConfig
-from jf_jax.params import Params
+from jf_jax.model import transformer as model
+from jf_jax.model.config import ModelConfig
+from jf_jax.model.params import Params
 from pallas_kernels.mask import MASK_KINDS, MASK_NOISE_CONDITIONED, TokenMeta
 
 

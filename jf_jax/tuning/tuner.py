@@ -5,7 +5,7 @@ on how many tokens it processes in parallel. The tuner
 
 1. measures the forward latency of the loaded model on this machine against the number of parallel tokens
    (1 .. 128 tokens in one cached forward, one jit per size, median of several runs): the roofline knee;
-2. models the latency of A100 / H100 / H200 / B200 analytically (``jf_jax.roofline``) for the loaded model and
+2. models the latency of A100 / H100 / H200 / B200 analytically (``jf_jax.tuning.roofline``) for the loaded model and
    for Qwen2.5-7B (both in bfloat16);
 3. measures TPF with the real decoder (``generate_mr``: K blocks in flight, verification size p) over a grid of
    block sizes n and verification sizes p on a small prompt set;
@@ -19,8 +19,8 @@ Outputs (``write_outputs``): ``tuned.json`` (device -> block_size, pool_size, nu
 and the inputs used), ``latency.png`` and ``tokens_per_second.png``.
 
     python -m jf_jax.decode --tune [--tune-out DIR]     # the defaults below
-    python -m jf_jax.tuner --help                       # every knob of the grid
-    python -m jf_jax.tuner --tpf-from OLD/tuned.json    # re-measure latency only (TPF is hardware-independent)
+    python -m jf_jax.tuning.tuner --help                       # every knob of the grid
+    python -m jf_jax.tuning.tuner --tpf-from OLD/tuned.json    # re-measure latency only (TPF is hardware-independent)
     python -m jf_jax.decode --methods jacobi,mr --block-size tuned --pool-size tuned
 
 ``--block-size tuned`` / ``--pool-size tuned`` read ``tuned.json`` from ``--tune-out`` and take this device's
@@ -43,7 +43,7 @@ from typing import Sequence
 
 import numpy as np
 
-from jf_jax import roofline
+from jf_jax.tuning import roofline
 
 DEFAULT_DIR = Path("experiments/results/tune")
 JSON_NAME = "tuned.json"
@@ -66,12 +66,12 @@ def measure_latency(params, cfg, sizes: Sequence[int] = LATENCY_SIZES, *, contex
     import jax
     import jax.numpy as jnp
 
-    from jf_jax.ar_decode import greedy
-    from jf_jax.kv_cache import KVCache
-    from jf_jax.model import forward, logits
-    from jf_jax.params import unstack_layers
+    from jf_jax.decoding.common import greedy
+    from jf_jax.model.kv_cache import KVCache
+    from jf_jax.model.transformer import forward, logits
+    from jf_jax.model.decode_view import decode_view
 
-    params = unstack_layers(params)
+    params = decode_view(params)
 
     @jax.jit
     def step(params, tokens, cache):
@@ -125,7 +125,7 @@ def measure_tpf(params, cfg, prompts: Sequence[Sequence[int]], eos_ids: Sequence
                 num_blocks: int = NUM_BLOCKS, spawn_ratio: float = 0.85, max_new_tokens: int = TUNE_TOKENS, seed: int = 0,
                 progress=None) -> list[TPFCell]:
     """Runs ``generate_mr`` for every (n, p) of the grid on token-id ``prompts``; TPF from its statistics."""
-    from jf_jax.multiblock import generate_mr
+    from jf_jax.decoding.multiblock import generate_mr
 
     cells, reference = [], None
     for n in block_sizes:
@@ -200,7 +200,7 @@ def current_device() -> str | None:
 def analyse(model_name: str, cfg, curve: roofline.MeasuredCurve, cells: Sequence[TPFCell], *, block_sizes,
             pool_sizes, context: int, measured_device: str = "cpu", dtype: str = "float32") -> dict:
     """Latency models + predicted surfaces + per-device choices, as the JSON-ready report (without settings)."""
-    from jf_jax.config import QWEN2P5_7B_HF_CONFIG, from_hf_config
+    from jf_jax.model.config import QWEN2P5_7B_HF_CONFIG, from_hf_config
 
     cost = roofline.ModelCost.from_config(cfg, model_name)
     fit = curve.fitted_roofline(cost, dtype)
@@ -313,7 +313,7 @@ def plot_latency(report: dict, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from jf_jax.config import QWEN2P5_7B_HF_CONFIG, ModelConfig, from_hf_config
+    from jf_jax.model.config import QWEN2P5_7B_HF_CONFIG, ModelConfig, from_hf_config
 
     meas = report["latency"]["measured"]
     context = meas["context"]
@@ -474,7 +474,7 @@ def run_from_args(args, prompts: Sequence[str], command: str | None = None) -> d
     print(f"loading {args.model} ({args.dtype}) ...", file=sys.stderr)
     model = api.load_model(args.model, dtype=args.dtype)
     opts = dict(out_dir=Path(getattr(args, "tune_out", None) or DEFAULT_DIR), chat=not args.no_chat,
-                dtype=args.dtype, command=command or " ".join(["python -m jf_jax.tuner"] + sys.argv[1:]))
+                dtype=args.dtype, command=command or " ".join(["python -m jf_jax.tuning.tuner"] + sys.argv[1:]))
     for name in ("latency_sizes", "repeats", "context", "block_sizes", "pool_sizes", "max_new_tokens"):
         if getattr(args, name, None) is not None:
             opts[name] = getattr(args, name)
@@ -507,7 +507,7 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m jf_jax.tuner", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m jf_jax.tuning.tuner", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--prompt", action="append", default=[])

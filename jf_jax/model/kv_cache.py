@@ -13,7 +13,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jf_jax.config import ModelConfig
+from jf_jax.model.config import ModelConfig
 
 
 @jax.tree_util.register_dataclass

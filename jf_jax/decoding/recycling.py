@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from jf_jax.ar_decode import greedy
-from jf_jax.config import ModelConfig
-from jf_jax.kv_cache import KVCache
-from jf_jax.model import forward_shared_prefix, logits
-from jf_jax.params import Params
+from jf_jax.decoding.common import greedy
+from jf_jax.model.config import ModelConfig
+from jf_jax.model.kv_cache import KVCache
+from jf_jax.model.transformer import forward_shared_prefix, logits
+from jf_jax.model.params import Params
 
 
 def forward_rows(params: Params, cfg: ModelConfig, tokens, valid, cache: KVCache):

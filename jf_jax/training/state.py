@@ -13,9 +13,9 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
-from jf_jax.config import ModelConfig
-from jf_jax.params import Params, logical_axes
-from jf_jax.sharding import ShardingRules, param_shardings, replicated
+from jf_jax.model.config import ModelConfig
+from jf_jax.model.params import Params, logical_axes
+from jf_jax.model.sharding import ShardingRules, param_shardings, replicated
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

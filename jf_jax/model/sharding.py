@@ -2,7 +2,7 @@
 
 The mesh has two axes: ``data`` (pure data parallelism: parameters replicated) and ``fsdp`` (data parallel
 *and* parameters/optimizer state sharded). Parameters name their dimensions with logical axes
-(``jf_jax.params.logical_axes``); ``ShardingRules`` maps logical axes to mesh axes. Batches are split over
+(``jf_jax.model.params.logical_axes``); ``ShardingRules`` maps logical axes to mesh axes. Batches are split over
 both mesh axes along their leading (batch) dimension.
 """
 
@@ -15,8 +15,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jf_jax.config import ModelConfig
-from jf_jax.params import logical_axes
+from jf_jax.model.config import ModelConfig
+from jf_jax.model.params import logical_axes
 
 MESH_AXES = ("data", "fsdp")
 

@@ -3,10 +3,10 @@
 Up to K blocks of n tokens are in flight in one row of width K*n at consecutive positions after the committed
 cache: the real-active (RA) block's remaining draft, then the pseudo-active (PA) blocks, each a full n-token
 Jacobi iterate conditioned on the (unverified) tokens before it. One forward (plus recycled candidate rows,
-see ``jf_jax.recycling``) updates everything at once:
+see ``jf_jax.decoding.recycling``) updates everything at once:
 
 * the RA's longest verified prefix is committed (KV kept by moving the cache length), capped at the RA's end,
-  at EOS and at ``max_new_tokens`` exactly as in ``jf_jax.jacobi``;
+  at EOS and at ``max_new_tokens`` exactly as in ``jf_jax.decoding.jacobi``;
 * every in-flight position takes the prediction made at the position before it (the Jacobi update), so the
   new row is the predictions shifted past the accepted tokens: the RA draft becomes
   ``[correction] ++ predictions`` and the PA blocks are refined in the same pass;
@@ -26,20 +26,19 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 
-from jf_jax.ar_decode import is_eos
-from jf_jax.config import ModelConfig
-from jf_jax.generation import GenerationError, GenerationResult, eos_array
-from jf_jax.jacobi import (MAX_BLOCK_SIZE, base_stats, cap_accepted, check_int, draw_context, emit, leading_matches,
-                           prefill_draft, prepare_request, prompt_key, stop_reason, total_stats)
-from jf_jax.kv_cache import KVCache
-from jf_jax.params import Params, unstack_layers
-from jf_jax.recycling import build_candidates, forward_rows, harvest, push
+from jf_jax.decoding.blocks import cap_accepted, draw_context, emit, first_stop, leading_matches, prefill_draft, step_stop
+from jf_jax.decoding.common import GenerationError, GenerationResult, check_int, eos_array, is_eos, prepare_prompts
+from jf_jax.decoding.recycling import build_candidates, forward_rows, harvest, push
+from jf_jax.decoding.runner import MAX_BLOCK_SIZE, BlockDecoder, OnTokens, decode_prompts
+from jf_jax.model.config import ModelConfig
+from jf_jax.model.decode_view import decode_view
+from jf_jax.model.kv_cache import KVCache
+from jf_jax.model.params import Params
 
 MAX_NUM_BLOCKS = 8
 MAX_POOL_SIZE = 16
@@ -74,15 +73,14 @@ class MRState:
     block_iters: jax.Array  # [max_blocks]
     accept_hist: jax.Array  # [n + 1]
     counters: jax.Array  # [len(MR_COUNTERS)]
-    stop: jax.Array  # [] index into jacobi.STOP_REASONS
+    stop: jax.Array  # [] a StopReason value
 
 
 @dataclasses.dataclass(frozen=True)
-class MRDecoder:
-    """Static half of multi-block decoding with recycling (hashable; a jit static arg)."""
+class MRDecoder(BlockDecoder):
+    """Static half of multi-block decoding with recycling (hashable; a jit static arg). Drivers
+    (``run_compiled``, ``run_python``) come from ``BlockDecoder``."""
 
-    cfg: ModelConfig
-    block_size: int
     num_blocks: int
     spawn_threshold: int
     pool_size: int
@@ -108,7 +106,7 @@ class MRDecoder:
             pool=jnp.zeros((self.pool_size, n + W), jnp.int32), pool_len=jnp.zeros((self.pool_size,), jnp.int32),
             pool_next=jnp.int32(0), forwards=jnp.int32(1), block=jnp.int32(0),
             block_iters=jnp.zeros((out_capacity // n + 2,), jnp.int32), accept_hist=jnp.zeros((n + 1,), jnp.int32),
-            counters=jnp.zeros((len(MR_COUNTERS),), jnp.int32), stop=jnp.where(first_eos, 4, 0).astype(jnp.int32))
+            counters=jnp.zeros((len(MR_COUNTERS),), jnp.int32), stop=first_stop(first_eos))
 
     def _verify(self, params: Params, s: MRState, rows):
         """One forward of ``rows`` [R, W]; returns the winning row, its predictions, its new KV and its index."""
@@ -142,7 +140,7 @@ class MRDecoder:
         extra_eos = ~done & is_eos(extra, s.eos_ids)
         out = jnp.where(extra_eos, emit(out, count, shifted, 1), out)
         count = count + extra_eos
-        stop = s.stop + stop_reason(s.done, hit_eos, extra_eos, accepted == s.ra_len, count, s.max_new)
+        stop = s.stop + step_stop(s.done, hit_eos, extra_eos, accepted == s.ra_len, count, s.max_new)
         done = done | extra_eos
         full = (accepted == s.ra_len) & ~done
 
@@ -191,52 +189,27 @@ class MRDecoder:
             forwards=s.forwards + 1, block=s.block + full, block_iters=s.block_iters.at[s.block].add(1, mode="drop"),
             accept_hist=s.accept_hist.at[accepted].add(1), counters=counters, stop=stop)
 
-    @functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
-    def step(self, params: Params, state: MRState) -> MRState:
-        return self._step(params, state)
-
-    @functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
-    def run_compiled(self, params: Params, state: MRState) -> MRState:
-        return jax.lax.while_loop(lambda s: ~s.done, lambda s: self._step(params, s), state)
+    def counters(self, host_state: MRState) -> dict[str, int]:
+        return {name: int(c) for name, c in zip(MR_COUNTERS, host_state.counters)}
 
 
 def generate_mr(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                 eos_ids: Sequence[int], block_size: int = 64, num_blocks: int = 2, spawn_ratio: float = 0.85,
-                pool_size: int = 4, seed: int = 0, warmup: bool = True) -> GenerationResult:
+                pool_size: int = 4, seed: int = 0, warmup: bool = True, driver: str = "compiled",
+                on_tokens: OnTokens | None = None,
+                on_step: Callable[[int, MRState, MRState], None] | None = None) -> GenerationResult:
     """Multi-block Jacobi decoding with rejection recycling ("mr"). Prompts are decoded one after another with
     batch 1, on bucketed shapes. ``pool_size`` is the verification size: up to ``pool_size - 1`` recycled
-    candidates are verified beside the draft (1 disables recycling); ``num_blocks=1`` disables multi-block."""
-    check_int("block_size", block_size, 1, MAX_BLOCK_SIZE)
+    candidates are verified beside the draft (1 disables recycling); ``num_blocks=1`` disables multi-block.
+    Drivers, streaming and observing as ``generate_jacobi``."""
+    n = check_int("block_size", block_size, 1, MAX_BLOCK_SIZE)
     num_blocks = check_int("num_blocks", num_blocks, 1, MAX_NUM_BLOCKS)
     pool_size = check_int("pool_size", pool_size, 1, MAX_POOL_SIZE)
     if isinstance(spawn_ratio, bool) or not isinstance(spawn_ratio, (int, float)) or not 0 < spawn_ratio <= 1:
         raise GenerationError(f"spawn_ratio must be a number in (0, 1], got {spawn_ratio!r}")
-    n, prep = prepare_request(cfg, prompts, max_new_tokens, block_size, block_size * num_blocks)
+    prep = prepare_prompts(cfg, prompts, max_new_tokens, lookahead=n * num_blocks)
     decoder = MRDecoder(cfg, n, num_blocks, max(1, math.ceil(spawn_ratio * n - 1e-9)), pool_size)
-    params = unstack_layers(params)
-    eos = eos_array(eos_ids)
-
-    def run_one(i: int, max_new: int):
-        start = time.perf_counter()
-        state = decoder.init(params, prep.tokens[i], prep.lengths[i], prompt_key(seed, i), jnp.int32(max_new), eos,
-                             prep.out_capacity, prep.cache_capacity)
-        state.count.block_until_ready()
-        prefill_done = time.perf_counter()
-        host = jax.device_get(decoder.run_compiled(params, state))
-        return host, time.perf_counter() - start, prefill_done - start
-
-    if warmup:
-        run_one(0, 1)
-    token_ids, per_prompt, seconds, prefill_seconds = [], [], 0.0, 0.0
-    for i in range(len(prompts)):
-        host, secs, pre = run_one(i, prep.max_new_tokens)
-        seconds, prefill_seconds = seconds + secs, prefill_seconds + pre
-        token_ids.append(host.out[: int(host.count)].tolist())
-        stats = base_stats(host.forwards, host.count, host.block_iters, host.accept_hist, host.stop)
-        stats.update({name: int(c) for name, c in zip(MR_COUNTERS, host.counters)})
-        per_prompt.append(stats)
-    stats = dict(method="mr", block_size=n, num_blocks=num_blocks, spawn_ratio=float(spawn_ratio),
-                 spawn_threshold=decoder.spawn_threshold, pool_size=pool_size, seed=seed, per_prompt=per_prompt,
-                 total=total_stats(per_prompt, ("forwards", "tokens") + MR_COUNTERS))
-    return GenerationResult(token_ids=token_ids, forwards=[p["forwards"] for p in per_prompt], seconds=seconds,
-                            prefill_seconds=prefill_seconds, stats=stats)
+    settings = dict(method="mr", num_blocks=num_blocks, spawn_ratio=float(spawn_ratio),
+                    spawn_threshold=decoder.spawn_threshold, pool_size=pool_size)
+    return decode_prompts(decoder, decode_view(params), prep, eos_array(eos_ids), seed=seed, driver=driver,
+                          warmup=warmup, on_tokens=on_tokens, on_step=on_step, settings=settings)

@@ -36,7 +36,7 @@ from typing import Sequence
 
 import numpy as np
 
-from jf_jax.noise_schedule import first_divergence, select_noisy_blocks
+from jf_jax.training.noise_schedule import first_divergence, select_noisy_blocks
 from pallas_kernels.mask import STREAM_CLEAN, STREAM_CONTEXT, STREAM_NOISY
 
 BATCH_KEYS = ("tokens", "position", "segment", "stream", "block", "ar_target", "ar_weight",

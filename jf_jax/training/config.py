@@ -14,9 +14,9 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
-from jf_jax.losses import LossConfig
-from jf_jax.noise_schedule import SCHEDULES
-from jf_jax.train_state import OptimConfig
+from jf_jax.training.losses import LossConfig
+from jf_jax.training.noise_schedule import SCHEDULES
+from jf_jax.training.state import OptimConfig
 
 MODEL_SOURCES = ("random", "run", "pretrained")
 DATA_SOURCES = ("trajectories", "synthetic")
@@ -33,7 +33,7 @@ class ModelSection:
     "pretrained" (``path`` is a ``jf_jax.weights.load`` spec: "smollm2-135m", a .gguf file or a HF directory)."""
     path: str | None = None
     config: dict | None = None
-    """ModelConfig fields (``jf_jax.config.ModelConfig``) for ``source: random``."""
+    """ModelConfig fields (``jf_jax.model.config.ModelConfig``) for ``source: random``."""
 
     def __post_init__(self):
         if self.source not in MODEL_SOURCES:
@@ -48,7 +48,7 @@ class ModelSection:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SyntheticSection:
-    """A synthetic next-token task with fake Jacobi trajectories (``jf_jax.synthetic``), for smoke runs."""
+    """A synthetic next-token task with fake Jacobi trajectories (``jf_jax.training.synthetic``), for smoke runs."""
 
     num_prompts: int = 64
     prompt_len: int = 8
@@ -60,7 +60,7 @@ class SyntheticSection:
 class DataSection:
     source: str = "trajectories"
     path: str | tuple[str, ...] | None = None
-    """Trajectory directory (``jf_jax.trajectories``) for ``source: trajectories``, or a list of them (e.g. the
+    """Trajectory directory (``jf_jax.training.trajectories``) for ``source: trajectories``, or a list of them (e.g. the
     outputs of parallel collection workers); their responses are concatenated in list order."""
     block_size: int = 16
     window: int = 16

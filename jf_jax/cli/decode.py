@@ -1,0 +1,186 @@
+"""``python -m jf_jax.decode``: decode prompts with one or more methods and benchmark them side by side.
+
+Every method is timed the same way (after compilation, per prompt, with and without prefill) and compared
+with the AR baseline measured in the same run. See ``--help`` and the README for the JSON schema.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from jf_jax.data.prompt_files import gather_prompts
+from jf_jax.decoding import stats
+
+# Methods with a step-by-step (python) driver that can stream accepted tokens.
+STREAMING_METHODS = ("jacobi", "mr")
+
+# Which CLI options each method takes (the rest of the methods ignore them).
+METHOD_OPTIONS = {
+    "ar": (),
+    "jacobi": ("block_size", "seed"),
+    "mr": ("block_size", "num_blocks", "spawn_ratio", "pool_size", "seed"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m jf_jax.decode", description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="smollm2-135m",
+                   help="smollm2-135m (embedded default), a Hugging Face directory, a .gguf file, or a training run directory")
+    p.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
+    p.add_argument("--prompts", type=Path, help=".jsonl file with a 'prompt' field per line, or .txt, one per line")
+    p.add_argument("--methods", default="ar", help="comma list of decoding methods, e.g. ar,jacobi,mr")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--no-chat", action="store_true", help="do not apply the model's chat template")
+    p.add_argument("--json", type=Path, help="write the runs and summary as JSON to this path")
+    p.add_argument("--block-size", type=_int_or_tuned,
+                   help="Jacobi block size n (default: the method's), or 'tuned': this device's --tune choice")
+    p.add_argument("--num-blocks", type=int, help="mr: blocks in flight K")
+    p.add_argument("--spawn-ratio", type=float, help="mr: accepted fraction of the active block that spawns the next")
+    p.add_argument("--pool-size", type=_int_or_tuned, help="mr: rejection-recycling verification size, or 'tuned'")
+    p.add_argument("--seed", type=int, help="seed of the random draft initialisation")
+    p.add_argument("--stream", action="store_true",
+                   help="print jacobi and mr tokens as they are accepted (runs them on the step-by-step driver)")
+    p.add_argument("--tune", action="store_true", help="hardware-aware configuration (jf_jax.tuning.tuner): measure the "
+                   "latency curve and a TPF grid, write tuned.json + PNGs to --tune-out, and exit")
+    p.add_argument("--tune-out", type=Path, default=Path("experiments/results/tune"),
+                   help="directory of the --tune outputs, read by --block-size/--pool-size tuned")
+    return p
+
+
+def _int_or_tuned(text: str):
+    return text if text == "tuned" else int(text)
+
+
+def read_prompts(args) -> list[str]:
+    return gather_prompts(args.prompt, args.prompts)
+
+
+def method_options(method: str, args) -> dict:
+    return {name: getattr(args, name) for name in METHOD_OPTIONS.get(method, ()) if getattr(args, name) is not None}
+
+
+def summarize(runs: list[dict]) -> dict:
+    """Per-method totals of the runs' statistics (``decoding.stats.summarize``) and speedups against AR."""
+    summary = {}
+    for method in dict.fromkeys(r["method"] for r in runs):
+        summary[method] = stats.summarize([r["stats"] for r in runs if r["method"] == method])
+    return stats.add_speedups(summary)
+
+
+def check_writable(path: Path) -> None:
+    """Fails before any work when the report could not be written: creates the parent directory and opens the
+    file for appending (removed again when it did not exist)."""
+    existed = path.exists()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a"):
+            pass
+    except OSError as e:
+        raise ValueError(f"cannot write the JSON report to {path}: {e.strerror or e}") from None
+    if not existed:
+        path.unlink()
+
+
+def format_table(runs: list[dict], summary: dict) -> str:
+    header = f"{'method':<8} {'prompt':>6} {'tokens':>6} {'fwds':>5} {'TPF':>5} {'sec':>7} {'tok/s':>7} {'tok/s*':>7}"
+    lines = [header, "-" * len(header)]
+    for r in runs:
+        decode_s = r["seconds"] - r["prefill_seconds"]
+        lines.append(f"{r['method']:<8} {r['prompt_index']:>6} {r['new_tokens']:>6} {r['forwards']:>5} "
+                     f"{r['new_tokens'] / max(1, r['forwards']):>5.2f} {r['seconds']:>7.2f} "
+                     f"{r['new_tokens'] / r['seconds']:>7.1f} {r['new_tokens'] / max(decode_s, 1e-9):>7.1f}")
+    lines += ["", f"{'method':<8} {'TPF':>6} {'tok/s':>8} {'tok/s*':>8} {'vs AR':>7}", "-" * 41]
+    for method, s in summary.items():
+        speedup = f"{s['speedup_vs_ar']:.2f}x" if "speedup_vs_ar" in s else "-"
+        lines.append(f"{method:<8} {s['tokens_per_forward']:>6.2f} {s['tokens_per_second']:>8.1f} "
+                     f"{s['tokens_per_second_excl_prefill']:>8.1f} {speedup:>7}")
+    lines.append("(tok/s* excludes prefill; every method is timed after compilation, prompt by prompt)")
+    return "\n".join(lines)
+
+
+def stream_printer(model, header: str):
+    """An ``on_tokens`` callback that prints each newly accepted chunk of text to stdout as it arrives."""
+    seen: list[int] = []
+    print(header, end="", flush=True)
+
+    def on_tokens(prompt_index: int, new_ids: list[int]) -> None:
+        before = model.tokenizer.decode(seen)
+        seen.extend(new_ids)
+        print(model.tokenizer.decode(seen)[len(before):], end="", flush=True)
+
+    return on_tokens
+
+
+def run(args) -> dict:
+    from tqdm import tqdm
+
+    from jf_jax import api
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in api.METHODS]
+    if not methods or unknown:
+        raise ValueError(f"unknown method(s) {', '.join(unknown) or '(none given)'}; available: {', '.join(api.METHODS)}")
+    if args.max_new_tokens <= 0:
+        raise ValueError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
+    prompts = read_prompts(args)
+    if args.json is not None:
+        check_writable(args.json)
+    if "tuned" in (args.block_size, args.pool_size):
+        from jf_jax.tuning.tuner import apply_tuned
+
+        apply_tuned(args)
+    print(f"loading {args.model} ({args.dtype}) ...", file=sys.stderr)
+    model = api.load_model(args.model, dtype=args.dtype)
+    runs = []
+    # Streamed text goes to the terminal as it arrives, so the progress bar (which redraws its line) is off.
+    with tqdm(total=len(methods) * len(prompts), desc="decoding", unit="prompt", file=sys.stderr,
+              disable=args.stream) as bar:
+        for method in methods:
+            for index, prompt in enumerate(prompts):
+                bar.set_postfix_str(f"{method} #{index}")
+                options = method_options(method, args)
+                stream = args.stream and method in STREAMING_METHODS
+                if stream:
+                    options.update(driver="python", on_tokens=stream_printer(model, f"[{method} #{index}] "))
+                (c,) = api.generate(model, [prompt], method=method, max_new_tokens=args.max_new_tokens,
+                                    chat=not args.no_chat, **options)
+                if stream:
+                    print(flush=True)
+                runs.append({"method": method, "prompt_index": index, "prompt": prompt, "token_ids": c.token_ids,
+                             "text": c.text, "new_tokens": c.new_tokens, "forwards": c.forwards,
+                             "seconds": c.seconds, "prefill_seconds": c.prefill_seconds, "stats": c.stats})
+                bar.update()
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
+                if k not in ("prompt", "prompts", "json")}
+    return {"model": model.name, "settings": settings, "runs": runs, "summary": summarize(runs)}
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.tune:
+            from jf_jax.tuning import tuner
+
+            return tuner.decode_cli(args)
+        report = run(args)
+    except (ValueError, FileNotFoundError, OSError) as e:  # our errors are ValueErrors naming the problem
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for r in report["runs"]:
+        if r["method"] == report["runs"][0]["method"]:
+            text = r["text"].strip().replace("\n", "\n    ")
+            print(f"[{r['prompt_index']}] {r['prompt']}\n    {text}\n")
+    print(format_table(report["runs"], report["summary"]))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=1))
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

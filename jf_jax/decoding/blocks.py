@@ -1,0 +1,93 @@
+"""Block arithmetic shared by Jacobi (``decoding.jacobi``) and multi-block decoding (``decoding.multiblock``).
+
+All functions are pure and traced inside the decoders' steps: drafting from the context, verifying a draft
+against the model's predictions, capping what is accepted at EOS and ``max_new_tokens``, emitting tokens, the
+prefill-drafting trick, and the stop reason of a step.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jf_jax.decoding.common import StopReason, greedy, is_eos
+from jf_jax.model.kv_cache import KVCache
+from jf_jax.model.config import ModelConfig
+from jf_jax.model.params import Params
+from jf_jax.model.token_meta import causal_meta
+from jf_jax.model.transformer import forward, logits
+
+
+def draw_context(key, prompt, prompt_len, out, count, num: int):
+    """``num`` ids drawn uniformly (with replacement) from the context ``prompt[:prompt_len] ++ out[:count]``."""
+    idx = jax.random.randint(key, (num,), 0, prompt_len + count)
+    from_prompt = prompt[jnp.clip(idx, 0, prompt.shape[0] - 1)]
+    from_out = out[jnp.clip(idx - prompt_len, 0, out.shape[0] - 1)]
+    return jnp.where(idx < prompt_len, from_prompt, from_out).astype(jnp.int32)
+
+
+def leading_matches(draft, pred, valid_len):
+    """ok[j] = draft[j] == pred[j-1] for 1 <= j < valid_len (ok[0] = True); returns ok [W] and the length of the
+    leading run of ok among j >= 1 (so ``1 + run`` tokens of the draft are verified)."""
+    W = draft.shape[-1]
+    j = jnp.arange(W)
+    ok = jnp.concatenate([jnp.ones(draft.shape[:-1] + (1,), bool), draft[..., 1:] == pred[..., :-1]], axis=-1)
+    ok = ok & (j < valid_len)
+    run = jnp.sum(jnp.cumprod(ok[..., 1:].astype(jnp.int32), axis=-1), axis=-1)
+    return ok, run
+
+
+def cap_accepted(draft, accepted, count, max_new, eos_ids):
+    """Caps the accepted count at the first EOS in ``draft[:accepted]`` and at ``max_new - count``.
+
+    Returns (accepted, hit_eos); ``hit_eos`` is True only when the EOS itself is accepted, not when the
+    ``max_new_tokens`` cap cuts the prefix before it.
+    """
+    j = jnp.arange(draft.shape[0])
+    eos_here = is_eos(draft, eos_ids) & (j < accepted)
+    eos_end = jnp.argmax(eos_here) + 1  # tokens up to and including the first EOS
+    room = max_new - count
+    hit_eos = jnp.any(eos_here) & (eos_end <= room)
+    accepted = jnp.where(jnp.any(eos_here), jnp.minimum(accepted, eos_end), accepted)
+    return jnp.minimum(accepted, room).astype(jnp.int32), hit_eos
+
+
+def emit(out, count, tokens, num):
+    """Writes ``tokens[:num]`` into ``out`` at ``count`` (nothing else moves)."""
+    j = jnp.arange(tokens.shape[0])
+    idx = jnp.where(j < num, count + j, out.shape[0])
+    return out.at[idx].set(tokens, mode="drop")
+
+
+def prefill_draft(params: Params, cfg: ModelConfig, prompt, prompt_len, guesses, capacity: int):
+    """The prefill-drafting trick: forwards ``prompt[:prompt_len] ++ guesses`` (n guesses) into a fresh cache.
+
+    Returns the cache holding only the prompt (the guesses' KV is dropped) and the n tokens
+    ``argmax(logits[P-1 : P+n-1])``: the true first response token followed by a once-refined draft.
+    """
+    n = guesses.shape[0]
+    T = prompt.shape[0] + n
+    tokens = jax.lax.dynamic_update_slice(jnp.pad(prompt, (0, n)), guesses, (prompt_len,))
+    tokens = jnp.where(jnp.arange(T) < prompt_len + n, tokens, 0)
+    positions = jnp.arange(T, dtype=jnp.int32)[None]
+    meta = causal_meta(positions, valid=positions < prompt_len + n)
+    hidden, cache = forward(params, cfg, tokens[None], meta=meta, cache=KVCache.init(cfg, 1, capacity))
+    rows = jax.lax.dynamic_slice_in_dim(hidden[0], prompt_len - 1, n)
+    return cache.with_lengths(prompt_len), greedy(logits(params, cfg, rows))
+
+
+def first_stop(first_eos):
+    """Stop reason after the prefill: ``EOS_FIRST`` when the first generated token is EOS."""
+    return jnp.where(first_eos, StopReason.EOS_FIRST, StopReason.RUNNING).astype(jnp.int32)
+
+
+def step_stop(stopped, hit_eos, extra_eos, full, count, max_new):
+    """The ``StopReason`` value of a step that ended generation (``RUNNING`` while it goes on, or when it had
+    stopped before: ``stopped``).
+
+    ``hit_eos``: an EOS was accepted from the draft; ``extra_eos``: the correction token (``full`` False) or the
+    bonus token (``full`` True) was EOS; otherwise the count reaching ``max_new`` ends it.
+    """
+    extra = jnp.where(full, StopReason.EOS_BONUS, StopReason.EOS_CORRECTION)
+    reason = jnp.where(extra_eos, extra, jnp.where(count >= max_new, StopReason.MAX_NEW_TOKENS, StopReason.RUNNING))
+    return jnp.where(stopped, StopReason.RUNNING, jnp.where(hit_eos, StopReason.EOS_ACCEPTED, reason)).astype(jnp.int32)

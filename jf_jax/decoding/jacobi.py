@@ -1,0 +1,143 @@
+"""Greedy Jacobi decoding (spec section 1 and Decisions 1, 9): one step function, two drivers.
+
+A block of n tokens is decoded by fixed-point iteration. The current draft (``draft_len`` <= n tokens, padded
+to n; padded queries carry segment -1 and neither attend nor are attended) is forwarded over the committed
+KV cache; ``g = argmax(float32 logits)``; ``g[i]`` is the model's greedy token for the position after draft
+token i. The longest prefix of the draft that agrees with those predictions is *accepted* (its first token is
+known-correct, so at least one token per forward); its KV, written by the same forward, is kept by moving the
+cache length, the rest is rolled back. The next draft is ``[correction g[a-1]] ++ g[a : L-1]``; on full
+acceptance ``g[L-1]`` (the bonus token) starts the next block, whose draft is ``[bonus] ++ (n-1) tokens drawn
+with a seeded JAX RNG from the context ids (prompt + generated)``. The first block uses the prefill-drafting
+trick: the prompt is forwarded with n drawn guesses appended; the guesses' KV is dropped and
+``argmax(logits[P-1 : P+n-1])`` is the first draft. EOS caps the accepted prefix, and an EOS correction or
+bonus token is emitted and ends generation; nothing is emitted past EOS or ``max_new_tokens``.
+
+Drivers (``decoding.runner``): ``run_compiled`` (a ``lax.while_loop`` over iterations and blocks, no host round
+trip) and ``run_python`` (the same jitted step from Python: streams tokens; ``decoding.recording`` records every
+iterate of every block for training).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from jf_jax.decoding.blocks import cap_accepted, draw_context, emit, first_stop, leading_matches, prefill_draft, step_stop
+from jf_jax.decoding.common import GenerationResult, check_int, eos_array, greedy, is_eos, prepare_prompts
+from jf_jax.decoding.runner import MAX_BLOCK_SIZE, BlockDecoder, OnStep, OnTokens, decode_prompts
+from jf_jax.model.config import ModelConfig
+from jf_jax.model.decode_view import decode_view
+from jf_jax.model.params import Params
+from jf_jax.model.token_meta import causal_meta
+from jf_jax.model.transformer import forward, logits
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Vanilla Jacobi: state, step and drivers.
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class JacobiState:
+    """Loop state of one prompt (batch 1); every field is an array."""
+
+    draft: jax.Array  # [n] current draft of the block, valid up to draft_len; draft[0] is known-correct
+    draft_len: jax.Array  # [] n - tokens accepted in this block
+    block_init: jax.Array  # [n] the draft the current block started from (trajectory state 0)
+    out: jax.Array  # [N] generated ids, -1 past count
+    count: jax.Array  # [] tokens generated (== committed KV slots past the prompt)
+    block_start: jax.Array  # [] count at the start of the current block
+    done: jax.Array  # [] stopped on EOS or max_new
+    cache: KVCache  # batch 1; lengths == prompt_len + count
+    prompt: jax.Array  # [P] bucketed prompt
+    prompt_len: jax.Array  # []
+    key: jax.Array  # PRNG key for the random drafts
+    max_new: jax.Array  # []
+    eos_ids: jax.Array  # [8] padded with -1
+    forwards: jax.Array  # [] model forwards, prefill included
+    block: jax.Array  # [] index of the current block
+    block_iters: jax.Array  # [max_blocks] iterations (forwards after prefill) per block
+    accept_hist: jax.Array  # [n + 1] histogram of tokens accepted per iteration
+    stop: jax.Array  # [] a StopReason value
+
+
+@dataclasses.dataclass(frozen=True)
+class JacobiDecoder(BlockDecoder):
+    """The static half of Jacobi decoding: the model config and the block size (hashable; a jit static arg).
+    Drivers (``run_compiled``, ``run_python``) come from ``BlockDecoder``."""
+
+    @functools.partial(jax.jit, static_argnums=(0, 7, 8))
+    def init(self, params: Params, prompt, prompt_len, key, max_new, eos_ids, out_capacity: int,
+             capacity: int) -> JacobiState:
+        """Prefill with the drafting trick; the returned state's draft is the first block's first draft."""
+        n = self.block_size
+        key, sub = jax.random.split(key)
+        out = jnp.full((out_capacity,), -1, jnp.int32)
+        guesses = draw_context(sub, prompt, prompt_len, out, 0, n)
+        cache, first = prefill_draft(params, self.cfg, prompt, prompt_len, guesses, capacity)
+        # An EOS first token ends generation here, with the one forward AR would also spend.
+        first_eos = is_eos(first[0], eos_ids)
+        out = jnp.where(first_eos, emit(out, 0, first, 1), out)
+        return JacobiState(
+            draft=first, draft_len=jnp.int32(n), block_init=guesses, out=out, count=first_eos.astype(jnp.int32),
+            block_start=jnp.int32(0), done=first_eos, cache=cache, prompt=prompt, prompt_len=prompt_len, key=key,
+            max_new=max_new, eos_ids=eos_ids, forwards=jnp.int32(1), block=jnp.int32(0),
+            block_iters=jnp.zeros((out_capacity // n + 2,), jnp.int32), accept_hist=jnp.zeros((n + 1,), jnp.int32),
+            stop=first_stop(first_eos))
+
+    def _step(self, params: Params, s: JacobiState) -> JacobiState:
+        n = self.block_size
+        j = jnp.arange(n)
+        positions = (s.cache.lengths[0] + j)[None]
+        meta = causal_meta(positions, valid=(j < s.draft_len)[None])
+        hidden, cache = forward(params, self.cfg, s.draft[None], meta=meta, cache=s.cache)
+        g = greedy(logits(params, self.cfg, hidden[0]))  # [n]
+
+        _, run = leading_matches(s.draft, g, s.draft_len)
+        accepted, hit_eos = cap_accepted(s.draft, 1 + run, s.count, s.max_new, s.eos_ids)
+        out = emit(s.out, s.count, s.draft, accepted)
+        count = s.count + accepted
+        cache = cache.commit(accepted)
+        done = hit_eos | (count >= s.max_new)
+
+        # Next draft: correction token + shifted predictions (g[a-1 + i]); on full acceptance g[L-1] is the bonus.
+        shifted = jnp.take(g, jnp.clip(accepted - 1 + j, 0, n - 1))
+        full = accepted == s.draft_len
+        extra = shifted[0]  # correction (partial acceptance) or bonus (full acceptance)
+        extra_eos = ~done & is_eos(extra, s.eos_ids)
+        out = jnp.where(extra_eos, emit(out, count, shifted, 1), out)
+        count = count + extra_eos
+        stop = s.stop + step_stop(s.done, hit_eos, extra_eos, full, count, s.max_new)
+        done = done | extra_eos
+
+        key, sub = jax.random.split(s.key)
+        fresh = jnp.concatenate([extra[None], draw_context(sub, s.prompt, s.prompt_len, out, count, n - 1)])
+        new_block = full & ~done
+        block_iters = s.block_iters.at[s.block].add(1, mode="drop")
+        return dataclasses.replace(
+            s, draft=jnp.where(new_block, fresh, shifted), draft_len=jnp.where(new_block, n, s.draft_len - accepted),
+            block_init=jnp.where(new_block, fresh, s.block_init), out=out, count=count,
+            block_start=jnp.where(new_block, count, s.block_start), done=done, cache=cache,
+            key=jnp.where(new_block, key, s.key), forwards=s.forwards + 1, block=s.block + new_block,
+            block_iters=block_iters, accept_hist=s.accept_hist.at[accepted].add(1), stop=stop)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Public entry points: decoding and trajectory recording.
+
+def generate_jacobi(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
+                    eos_ids: Sequence[int], block_size: int = 64, seed: int = 0, warmup: bool = True,
+                    driver: str = "compiled", on_tokens: OnTokens | None = None,
+                    on_step: Callable[[int, JacobiState, JacobiState], None] | None = None) -> GenerationResult:
+    """Greedy Jacobi decoding of token-id prompts (decoded one after another, each with batch 1; shapes are
+    bucketed so new prompts reuse the compiled programs). ``driver="python"`` steps from the host and may
+    stream, ``on_tokens(prompt_index, new_ids)``, and observe, ``on_step(prompt_index, before, after)``.
+    ``forwards`` counts the prefill; ``stats`` holds per-prompt and total statistics (``decoding.stats``)."""
+    n = check_int("block_size", block_size, 1, MAX_BLOCK_SIZE)
+    prep = prepare_prompts(cfg, prompts, max_new_tokens, lookahead=n)
+    return decode_prompts(JacobiDecoder(cfg, n), decode_view(params), prep, eos_array(eos_ids), seed=seed,
+                          driver=driver, warmup=warmup, on_tokens=on_tokens, on_step=on_step,
+                          settings=dict(method="jacobi"))

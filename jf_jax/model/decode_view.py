@@ -1,0 +1,87 @@
+"""The decoders' view of the parameters: the same values as the declared (stacked) tree, held per layer.
+
+Training keeps the layout ``params.param_specs`` declares: layers stacked on a leading axis and run with
+``lax.scan``. A decode program is different: on CPU, slicing a layer out of a stacked array inside ``scan`` is a
+full copy that doubles the weight traffic of a one-token step, and one XLA dot runs on one core. So decoders
+take a ``DecodeView``: per-layer arrays (walked by a Python loop, nothing sliced), and every matmul weight held
+as ``column_shards`` shards along its output axis, so the shards' independent dots run on different cores.
+
+The view is an explicit type that ``model.transformer.forward`` accepts beside the stacked tree; nothing
+inspects array containers to guess a layout. ``decode_view`` builds it, ``stacked_params`` gives back the
+declared tree; both move values only, so ``stacked_params(decode_view(p), cfg) == p``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from jf_jax.model.config import ModelConfig
+from jf_jax.model.params import Params
+
+# Weights that multiply activations as ``x @ w`` with the output on w's last axis: the ones split into shards.
+MATMUL_WEIGHTS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+
+Shards = tuple  # tuple[jax.Array, ...]: one weight split along its last (output) axis
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DecodeView:
+    """Per-layer parameters for decoding (a pytree; ``column_shards`` is static)."""
+
+    embed: jax.Array
+    """[V, D] token embedding."""
+    layers: tuple[dict, ...]
+    """One dict per layer: norms and biases as arrays, ``MATMUL_WEIGHTS`` as ``Shards``."""
+    final_norm: jax.Array
+    """[D]."""
+    lm_head: Shards | None
+    """[D, V] output projection as shards; None for tied embeddings held unsplit (the embedding is reused)."""
+    column_shards: int = dataclasses.field(default=1, metadata=dict(static=True))
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+
+def _split(w, n: int) -> Shards:
+    return tuple(jnp.array(s) for s in jnp.array_split(w, n, axis=-1))
+
+
+def decode_view(params: Params | DecodeView, column_shards: int = 1) -> DecodeView:
+    """The decode view of the declared (stacked) ``params``; a ``DecodeView`` is returned unchanged.
+
+    With ``column_shards`` > 1 the output projection is split too (for tied embeddings: a transposed copy of
+    the embedding, the price of using every core for the largest matmul of a step).
+    """
+    if isinstance(params, DecodeView):
+        return params
+    if not isinstance(column_shards, int) or column_shards < 1:
+        raise ValueError(f"column_shards must be a positive integer, got {column_shards!r}")
+    stacked = params["layers"]
+    num_layers = next(iter(stacked.values())).shape[0]
+    layers = tuple({k: _split(v[i], column_shards) if k in MATMUL_WEIGHTS else v[i] for k, v in stacked.items()}
+                   for i in range(num_layers))
+    if "lm_head" in params:
+        lm_head = _split(params["lm_head"], column_shards)
+    else:
+        lm_head = _split(params["embed"].T, column_shards) if column_shards > 1 else None
+    return DecodeView(embed=params["embed"], layers=layers, final_norm=params["final_norm"], lm_head=lm_head,
+                      column_shards=column_shards)
+
+
+def stacked_params(params: Params | DecodeView, cfg: ModelConfig) -> Params:
+    """The declared layout of ``params`` (a stacked tree is returned unchanged): the inverse of ``decode_view``."""
+    if not isinstance(params, DecodeView):
+        return params
+    join = lambda shards: jnp.concatenate(shards, axis=-1) if len(shards) > 1 else shards[0]  # noqa: E731
+    layers = {k: jnp.stack([join(layer[k]) if k in MATMUL_WEIGHTS else layer[k] for layer in params.layers])
+              for k in params.layers[0]}
+    out = {"embed": params.embed, "layers": layers, "final_norm": params.final_norm}
+    if not cfg.tie_word_embeddings:
+        out["lm_head"] = join(params.lm_head)
+    return out
+
