@@ -57,10 +57,12 @@ def mean_losses(run_dir: str, last: int) -> dict:
 
 def markdown(rows: list[dict], header: str) -> str:
     base = next((r for r in rows if r["name"] == "base"), None)
-    lines = [header, "", "| variant | overrides | TPF | vs base | loss/ar | loss/consistency | train s | same as base |",
+    lines = [header, "",
+             "| variant | overrides | TPF | vs base | loss/ar | loss/consistency | train s | same as base |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        same = "" if base is None else f"{statistics.fmean(a == b for a, b in zip(base['token_ids'], r['token_ids'])):.2f}"
+        agree = None if base is None else statistics.fmean(a == b for a, b in zip(base["token_ids"], r["token_ids"]))
+        same = "" if agree is None else f"{agree:.2f}"
         loss = r.get("losses") or {}
         lines.append(f"| {r['name']} | {' '.join(r['overrides']) or '-'} | {r['tpf']:.3f} | "
                      f"{r['tpf'] / base['tpf'] if base else float('nan'):.3f} | "

@@ -85,7 +85,7 @@ def main(argv=None) -> int:
 
     from jf_jax import api
     from jf_jax.model.decode_view import stacked_params
-from jf_jax.model.params import param_bytes
+    from jf_jax.model.params import param_bytes
     from jf_jax.weights.hf_reference import transformers_model_from_gguf
 
     torch.set_num_threads(args.threads)

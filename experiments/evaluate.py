@@ -33,27 +33,25 @@ from jf_jax.data.build import read_jsonl
 
 def _speed_one(model, method: str, prompts, *, max_new_tokens: int, options: dict) -> dict:
     from jf_jax.api import METHODS
+    from jf_jax.decoding.stats import summarize
 
     decode = METHODS[method]
     eos = model.tokenizer.eos_ids
-    tokens, forwards, seconds, prefill = [], [], 0.0, 0.0
-    if method == "ar":  # generate_ar batches its prompts: run them one at a time like the others
-        for ids in prompts:
-            r = decode(model.params, model.cfg, [ids], max_new_tokens=max_new_tokens, eos_ids=eos)
-            tokens += r.token_ids
-            forwards += r.forwards
-            seconds += r.seconds
-            prefill += r.prefill_seconds
-    else:
-        r = decode(model.params, model.cfg, prompts, max_new_tokens=max_new_tokens, eos_ids=eos, **options)
-        tokens, forwards, seconds, prefill = r.token_ids, r.forwards, r.seconds, r.prefill_seconds
-    n_tok = sum(len(t) for t in tokens)
-    return dict(method=method, prompts=len(prompts), tokens=n_tok, forwards=sum(forwards),
-                tpf=n_tok / max(sum(forwards), 1),
-                tpf_mean=statistics.fmean(len(t) / max(f, 1) for t, f in zip(tokens, forwards)),
-                tokens_per_s=n_tok / max(seconds, 1e-9), tokens_per_s_no_prefill=n_tok / max(seconds - prefill, 1e-9),
-                seconds=seconds, prefill_seconds=prefill, token_ids=tokens,
-                per_prompt_tpf=[len(t) / max(f, 1) for t, f in zip(tokens, forwards)])
+    tokens, per_prompt = [], []
+    # One prompt per call for every method, so each prompt's timing is its own (AR would batch a list).
+    calls = [[ids] for ids in prompts] if method == "ar" else [prompts]
+    for call in calls:
+        r = decode(model.params, model.cfg, call, max_new_tokens=max_new_tokens, eos_ids=eos,
+                   **({} if method == "ar" else options))
+        tokens += r.token_ids
+        per_prompt += r.stats["per_prompt"]
+    total = summarize(per_prompt)
+    return dict(method=method, prompts=len(prompts), tokens=total["tokens"], forwards=total["forwards"],
+                tpf=total["tokens_per_forward"], tpf_mean=total["mean_tokens_per_forward"],
+                tokens_per_s=total["tokens_per_second"],
+                tokens_per_s_no_prefill=total["tokens_per_second_excl_prefill"],
+                seconds=total["seconds"], prefill_seconds=total["prefill_seconds"], token_ids=tokens,
+                per_prompt_tpf=[p["tokens_per_forward"] for p in per_prompt])
 
 
 def evaluate_model(spec: str, prompt_sets: dict[str, list[dict]], math_rows: list[dict], *, methods, block_size: int,
@@ -92,8 +90,8 @@ def evaluate_model(spec: str, prompt_sets: dict[str, list[dict]], math_rows: lis
             items.append(dict(id=row["id"], gold=row["answer"], extracted=None if got is None else str(got),
                               correct=is_correct(text, row["answer"]), text=text))
         result["math"] = dict(problems=len(items), correct=sum(i["correct"] for i in items),
-                              accuracy=statistics.fmean(i["correct"] for i in items), max_new_tokens=math_max_new_tokens,
-                              items=items)
+                              accuracy=statistics.fmean(i["correct"] for i in items),
+                              max_new_tokens=math_max_new_tokens, items=items)
     return result
 
 

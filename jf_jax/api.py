@@ -58,15 +58,24 @@ def default_column_shards() -> int:
 def load_model(spec: str = DEFAULT_MODEL, dtype: str = "float32", column_shards: int | None = None):
     """Loads weights, config and tokenizer from ``spec``: "smollm2-135m", a HF directory or a .gguf file.
 
-    The parameters are returned in the decoders' view (``model.decode_view.DecodeView``: layers unstacked, matmul
-    weights split in ``column_shards`` shards, default one per CPU core); ``model.decode_view.stacked_params`` gives back
-    the stacked training layout.
+    The parameters are returned in the decoders' view (``model.decode_view.DecodeView``: layers unstacked,
+    matmul weights split in ``column_shards`` shards, default one per CPU core);
+    ``model.decode_view.stacked_params`` gives back the stacked training layout.
     """
     from jf_jax import weights  # deferred: it pulls in gguf / safetensors / orbax
 
     loaded = weights.load(spec, dtype=dtype)
     shards = default_column_shards() if column_shards is None else column_shards
     return dataclasses.replace(loaded, params=decode_view(loaded.params, column_shards=shards))
+
+
+def tune(spec: str, prompts: Sequence[str], *, dtype: str = "float32", chat: bool = True, **options) -> dict:
+    """Hardware-aware configuration (``jf_jax.tuning.tuner.tune``) of the model ``spec`` on text ``prompts``:
+    measures, chooses, writes ``tuned.json`` and plots under ``options["out_dir"]``; returns the report."""
+    from jf_jax.tuning import tuner
+
+    model = load_model(spec, dtype=dtype)
+    return tuner.tune(model, encode_prompts(model, prompts, chat), chat=chat, dtype=dtype, **options)
 
 
 def encode_prompts(model, prompts: Sequence[str], chat: bool = True) -> list[list[int]]:

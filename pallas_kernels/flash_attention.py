@@ -175,10 +175,10 @@ def _flash_kernel(schedule_ref, q_ref, k_ref, v_ref, q_meta_ref, k_meta_ref, o_r
 
     init = (jnp.zeros((block_q, head_dim), jnp.float32), jnp.full((block_q,), _MASK_VALUE, jnp.float32),
             jnp.zeros((block_q,), jnp.float32))
-    acc, _, l = lax.fori_loop(0, num_visits, body, init)
-    # Rows that saw no visible key (padding, empty segments, empty schedules) have l == 0: output zeros.
-    denom = jnp.where(l > 0.0, l, 1.0)
-    o_ref[...] = jnp.where((l > 0.0)[:, None], acc / denom[:, None], 0.0).astype(o_ref.dtype)
+    acc, _, row_sum = lax.fori_loop(0, num_visits, body, init)
+    # Rows that saw no visible key (padding, empty segments, empty schedules) have row_sum == 0: output zeros.
+    denom = jnp.where(row_sum > 0.0, row_sum, 1.0)
+    o_ref[...] = jnp.where((row_sum > 0.0)[:, None], acc / denom[:, None], 0.0).astype(o_ref.dtype)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from hf_models import hf_greedy, jax_twin, make_hf_model
+from tests.support.hf_models import hf_greedy, jax_twin, make_hf_model
 from jf_jax.decoding import ar as ar_decode
 from jf_jax.decoding.ar import generate_ar
 from jf_jax.decoding.common import GenerationError, bucket, prepare_prompts

@@ -7,7 +7,6 @@ import sys
 
 import pytest
 
-from gguf_models import tiny_model, write_gguf
 from jf_jax.cli import decode
 from jf_jax.weights import store
 
@@ -16,14 +15,9 @@ RUN_KEYS = {"method", "prompt_index", "prompt", "token_ids", "text", "new_tokens
 SUMMARY_KEYS = {"tokens_per_forward", "tokens_per_second", "tokens_per_second_excl_prefill", "speedup_vs_ar"}
 
 
-@pytest.fixture(scope="module")
-def tiny_gguf(tmp_path_factory):
-    return write_gguf(tmp_path_factory.mktemp("model") / "tiny.gguf", tiny_model("llama", tie=True, seed=3))
-
-
 @pytest.fixture(autouse=True)
-def cache_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv(store.CACHE_ENV, str(tmp_path / "cache"))
+def _isolated_cache(weight_cache):
+    return weight_cache
 
 
 def test_json_report_follows_the_contract(tiny_gguf, tmp_path, capsys):
@@ -98,3 +92,22 @@ def test_stream_prints_the_jacobi_text_as_it_is_accepted(tiny_gguf, tmp_path, ca
     assert runs["jacobi"]["token_ids"] == runs["ar"]["token_ids"]
     streamed = capsys.readouterr().out.split("[jacobi #0] ", 1)[1].split("\n", 1)[0]
     assert streamed and streamed == runs["jacobi"]["text"]
+
+
+def test_unwritable_json_path_fails_before_any_work(tiny_gguf, tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    assert decode.main(["--model", tiny_gguf, "--prompt", "abc", "--json", str(blocker / "report.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1].startswith(f"error: cannot write the JSON report to {blocker}/report.json")
+    assert "loading" not in err  # nothing was loaded or decoded first
+    target = tmp_path / "new_dir" / "r.json"  # a writable path is left absent until the report is written
+    assert decode.main(["--model", tiny_gguf, "--prompt", "abc", "--max-new-tokens", "2", "--json", str(target)]) == 0
+    assert json.loads(target.read_text())["runs"]
+
+
+def test_stream_prints_the_mr_text_too(tiny_gguf, capsys):
+    assert decode.main(["--model", tiny_gguf, "--methods", "mr", "--stream", "--block-size", "3", "--num-blocks", "2",
+                        "--max-new-tokens", "6", "--prompt", "abc"]) == 0
+    out = capsys.readouterr().out
+    assert "[mr #0] " in out and out.split("[mr #0] ", 1)[1].split("\n", 1)[0]

@@ -10,7 +10,7 @@ import pytest
 from jf_jax.weights import run_dir as rd
 from jf_jax import weights
 from jf_jax.training.trajectories import load_responses, read_manifest
-from tests.train_helpers import TINY, numpy_params
+from tests.support.train_models import TINY, numpy_params
 
 EOS = 1
 
@@ -40,8 +40,9 @@ class FakeModel:
     source: str = "memory"
 
 
-ROWS = [dict(id=f"p{i}", domain="code" if i % 2 else "math", prompt=f"prompt number {i} " * 2,  # one length bucket: one compile
-             answer=str(i)) for i in range(5)]
+# One length bucket: one compile.
+ROWS = [dict(id=f"p{i}", domain="code" if i % 2 else "math", prompt=f"prompt number {i} " * 2, answer=str(i))
+        for i in range(5)]
 
 
 def test_select_prompts():
@@ -172,7 +173,8 @@ def test_configs_load(name):
         assert len(cfg.data.path) == 2  # the two parallel collection workers
     if name == "smollm2_jf_r2":
         assert (cfg.model.source, cfg.model.path) == ("run", "runs/smollm2_jf_r1")
-        assert cfg.data.block_size == 16 and cfg.data.block_size > load_config("configs/smollm2_jf.yaml").data.block_size
+        assert cfg.data.block_size == 16
+        assert cfg.data.block_size > load_config("configs/smollm2_jf.yaml").data.block_size
 
 
 def test_ablation_variants_and_table():

@@ -10,8 +10,8 @@ from jf_jax.decoding.common import GenerationError
 from jf_jax.decoding.jacobi import generate_jacobi
 from jf_jax.decoding.recording import record_trajectories
 from jf_jax.decoding.stats import without_timings
-from decoding_models import (CFG, MAX_NEW, MAX_PROMPT, VOCAB, ar_tokens, cycle_map, eos_cases, jacobi_update,
-                             random_params, successor_params)
+from tests.support.decoding_models import (CFG, MAX_NEW, MAX_PROMPT, VOCAB, ar_tokens, cycle_map, eos_cases,
+                                           jacobi_update, random_params, successor_params)
 
 BLOCK_SIZES = (1, 3, 8)  # each compiles its own programs: keep the list short
 
@@ -37,7 +37,8 @@ def test_jacobi_equals_ar_and_drivers_agree(seed, scale, prompt, block_size, max
     assert python.token_ids[0] == expected
     assert streamed == expected
     # Same step, same RNG: the two drivers agree on every statistic too.
-    assert [without_timings(p) for p in python.stats["per_prompt"]] == [without_timings(p) for p in compiled.stats["per_prompt"]]
+    assert ([without_timings(p) for p in python.stats["per_prompt"]]
+            == [without_timings(p) for p in compiled.stats["per_prompt"]])
     stats = compiled.stats["per_prompt"][0]
     assert stats["forwards"] == compiled.forwards[0] == 1 + sum(stats["iterations_per_block"])
     assert stats["tokens"] == len(expected)

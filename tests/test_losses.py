@@ -7,7 +7,7 @@ import pytest
 
 from jf_jax.training.losses import LossConfig, combine, loss_fn, loss_normalizers, weighted_sums_from_logits
 from jf_jax.training.packing import Example, assign_rows, make_batch, pack_ar_example, pack_example
-from train_helpers import TINY, numpy_params
+from tests.support.train_models import TINY, numpy_params
 
 _sums = jax.jit(weighted_sums_from_logits)
 
@@ -51,7 +51,8 @@ def test_against_numpy_reference():
     ar_terms = [(r, p) for r in range(2) for p in range(6) if b["ar_weight"][r, p]]
     ar = sum(-logp[r, p, b["ar_target"][r, p]] for r, p in ar_terms)
     pairs = [(r, m) for r in range(2) for m in range(3) if b["cons_weight"][r, m] > 0]
-    cons = sum(b["cons_weight"][r, m] * -(np.exp(logp[r, b["cons_teacher"][r, m]]) * logp[r, b["cons_student"][r, m]]).sum()
+    teacher, student = b["cons_teacher"], b["cons_student"]
+    cons = sum(b["cons_weight"][r, m] * -(np.exp(logp[r, teacher[r, m]]) * logp[r, student[r, m]]).sum()
                for r, m in pairs)
     np.testing.assert_allclose(sums["ar"], ar, rtol=1e-5)
     np.testing.assert_allclose(sums["consistency"], cons, rtol=1e-5)

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hf_models import hf_logits, jax_twin, make_hf_model, torch
+from tests.support.hf_models import hf_logits, jax_twin, make_hf_model, torch
 from jf_jax.weights.hf_names import params_from_hf, params_to_hf
 from jf_jax.model.kv_cache import KVCache
 from jf_jax.model.transformer import forward_logits as _forward_logits

@@ -4,20 +4,21 @@ no pool, and on predictable models really recycles, spawns and promotes blocks t
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from decoding_models import (CFG, MAX_NEW, MAX_PROMPT, VOCAB, ar_tokens, cycle_map, eos_cases, random_params,
-                             successor_params)
+from tests.support.decoding_models import (CFG, MAX_NEW, MAX_PROMPT, VOCAB, ar_tokens, cycle_map, eos_cases,
+                                           random_params, successor_params)
 from jf_jax.decoding.common import GenerationError
 from jf_jax.decoding.jacobi import generate_jacobi
 from jf_jax.decoding.multiblock import generate_mr
+from jf_jax.decoding.stats import without_timings
 
 # (block_size, num_blocks, spawn_ratio, pool_size); each setting compiles its own program: keep the list short.
 SETTINGS = ((8, 2, 0.85, 4), (3, 3, 0.34, 3), (8, 1, 0.85, 1))
 
 
-def _mr(params, prompt, max_new, eos=(), setting=SETTINGS[0], seed=0):
+def _mr(params, prompt, max_new, eos=(), setting=SETTINGS[0], seed=0, **kw):
     n, k, r, pool = setting
     return generate_mr(params, CFG, [list(prompt)], max_new_tokens=max_new, eos_ids=list(eos), block_size=n,
-                       num_blocks=k, spawn_ratio=r, pool_size=pool, seed=seed, warmup=False)
+                       num_blocks=k, spawn_ratio=r, pool_size=pool, seed=seed, warmup=False, **kw)
 
 
 @settings(max_examples=15, deadline=None, derandomize=True)
@@ -28,7 +29,16 @@ def _mr(params, prompt, max_new, eos=(), setting=SETTINGS[0], seed=0):
 def test_mr_equals_ar(seed, scale, prompt, setting, max_new, eos, draft_seed):
     params = random_params(seed, scale)
     result = _mr(params, prompt, max_new, eos, setting, draft_seed)
-    assert result.token_ids[0] == ar_tokens(params, prompt, max_new, eos)
+    expected = ar_tokens(params, prompt, max_new, eos)
+    assert result.token_ids[0] == expected
+    # The python driver runs the same step: same tokens, streamed in order, and the same statistics; the
+    # observer sees every forward after the prefill, and the tokens it sees emitted add up to the output.
+    streamed, steps = [], []
+    python = _mr(params, prompt, max_new, eos, setting, draft_seed, driver="python",
+                 on_tokens=lambda i, ids: streamed.extend(ids), on_step=lambda i, before, after: steps.append(after))
+    assert python.token_ids[0] == streamed == expected
+    assert without_timings(python.stats["per_prompt"][0]) == without_timings(result.stats["per_prompt"][0])
+    assert len(steps) == result.forwards[0] - 1 and (not steps or steps[-1].out[: len(expected)].tolist() == expected)
     stats = result.stats["per_prompt"][0]
     assert stats["forwards"] == result.forwards[0] == 1 + sum(stats["iterations_per_block"])
     assert stats["recycling_wins"] <= stats["recycling_rounds"] < stats["forwards"]

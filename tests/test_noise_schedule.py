@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from jf_jax.training.noise_schedule import (first_divergence, noise_ratio, schedule_levels, select_noisy_blocks,
-                                   select_state, state_ratios, target_level, target_ratio)
+                                            select_state, state_ratios, target_level, target_ratio)
 
 FIXED = np.array([5, 6, 7, 8])
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jf_jax.training.packing import (BatchStream, Example, assign_rows, bucket_for, make_batch, pack_ar_example,
-                            pack_example)
+                                     pack_example)
 from pallas_kernels.mask import MASK_CLEAN_CONTEXT, MASK_NOISE_CONDITIONED, TokenMeta, dense_mask
 
 WORKED_EXAMPLE = """

@@ -16,12 +16,8 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def model():
-    return api.load_model("smollm2-135m")
-
-
-def test_parallel_decoders_equal_ar_on_real_weights(model):
+def test_parallel_decoders_equal_ar_on_real_weights(smollm2):
+    model = smollm2
     ar = api.generate(model, PROMPTS, method="ar", max_new_tokens=40)
     jacobi = api.generate(model, PROMPTS, method="jacobi", max_new_tokens=40, block_size=8, seed=1)
     mr = api.generate(model, PROMPTS, method="mr", max_new_tokens=40, block_size=8, num_blocks=2,

@@ -141,10 +141,10 @@ def test_nan_stops_and_keeps_the_last_good_checkpoint(uninterrupted, tmp_path, m
 
 
 def test_sharded_step_on_8_devices_equals_single_device():
-    script = os.path.join(ROOT, "tests", "sharded_step_check.py")
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu",
            "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-m", "tests.support.sharded_step_check"], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["devices"] == 8 and report["mesh"] == {"data": 2, "fsdp": 4}

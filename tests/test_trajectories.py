@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from jf_jax.training.synthetic import SyntheticRecorder, make_prompts
-from jf_jax.training.trajectories import (Record, TrajectoryFormatError, collect, iter_records, load_responses, read_shard,
-                                 repetition_filter, write_shard)
+from jf_jax.training.trajectories import (Record, TrajectoryFormatError, collect, iter_records, load_responses,
+                                          read_shard, repetition_filter, write_shard)
 
 N = 4
 

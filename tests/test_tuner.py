@@ -11,8 +11,9 @@ import jax
 import numpy as np
 import pytest
 
-from jf_jax.tuning import roofline
-from jf_jax.tuning import tuner
+from jf_jax import api
+from jf_jax.cli import tune as tune_cli
+from jf_jax.tuning import measure, roofline, tuner
 from jf_jax.model.config import QWEN2P5_7B_HF_CONFIG, ModelConfig, from_hf_config
 from jf_jax.model.params import abstract_params
 
@@ -57,7 +58,7 @@ def test_measured_curve_interpolates_and_extends_linearly():
 
 def _cell(n, p, tpf, rounds=0):
     forwards = 100
-    return tuner.TPFCell(block_size=n, pool_size=p, num_blocks=1, tokens=int(round(tpf * forwards)),
+    return measure.TPFCell(block_size=n, pool_size=p, num_blocks=1, tokens=int(round(tpf * forwards)),
                          forwards=forwards, recycling_rounds=rounds, lossless=True)
 
 
@@ -99,7 +100,8 @@ def _tiny_model():
 def test_pipeline_on_a_tiny_model_writes_json_and_plots(tmp_path):
     model = _tiny_model()
     # Each grid cell compiles its own decoder (the cost of this test): keep the grids tiny.
-    report = tuner.tune(model, ["abcabcabc", "hello there"], out_dir=tmp_path, chat=False, latency_sizes=(1, 4),
+    prompts = api.encode_prompts(model, ["abcabcabc", "hello there"], chat=False)
+    report = tuner.tune(model, prompts, out_dir=tmp_path, chat=False, latency_sizes=(1, 4),
                         repeats=2, context=16, block_sizes=(2,), pool_sizes=(1, 2), max_new_tokens=8)
     saved = json.loads((tmp_path / tuner.JSON_NAME).read_text())
     assert saved["devices"].keys() == report["devices"].keys() == {"cpu", "A100", "H100", "H200", "B200"}
@@ -108,6 +110,7 @@ def test_pipeline_on_a_tiny_model_writes_json_and_plots(tmp_path):
     assert len(saved["tpf"]) == 2 and all(c["lossless"] for c in saved["tpf"])
     # 2 prompts x 8 tokens; at least one token per forward after the prefill, at most n per forward.
     assert all(c["tokens"] == 16 and 16 / 18 <= c["tpf"] <= 2 for c in saved["tpf"])
+    assert [c.to_json() for c in measure.cells_from_report(saved)] == saved["tpf"]  # what --tpf-from reuses
     for model_devices in [saved["devices"]] + [r["devices"] for r in saved["reference_models"].values()]:
         for choice in model_devices.values():
             surface = np.array(choice["surface"], float)
@@ -123,7 +126,7 @@ def test_pipeline_on_a_tiny_model_writes_json_and_plots(tmp_path):
 
     # The decode CLI reads the choice back for this device ("cpu" here).
     assert tuner.current_device() == "cpu"
-    from jf_jax.decode import build_parser
+    from jf_jax.cli.decode import build_parser
 
     args = build_parser().parse_args(["--block-size", "tuned", "--pool-size", "tuned", "--tune-out", str(tmp_path)])
     tuner.apply_tuned(args)
@@ -134,9 +137,36 @@ def test_pipeline_on_a_tiny_model_writes_json_and_plots(tmp_path):
 
 
 def test_cli_rejects_a_bad_block_size():
-    from jf_jax.decode import build_parser
+    from jf_jax.cli.decode import build_parser
 
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--block-size", "big"])
     assert build_parser().parse_args(["--block-size", "8"]).block_size == 8
     assert math.isinf(roofline.measured_knee(roofline.MeasuredCurve((1, 2), (1.0, 1.1))))
+
+
+def test_tune_takes_token_ids_not_text(tmp_path):
+    with pytest.raises(TypeError, match="token-id prompts"):
+        tuner.tune(_tiny_model(), ["abc"], out_dir=tmp_path)
+    assert not (tmp_path / tuner.JSON_NAME).exists()
+
+
+@pytest.mark.parametrize("entry", ["tune", "decode"])
+def test_tune_cli_reports_bad_input_in_one_line(entry, tmp_path, capsys):
+    from jf_jax.cli import decode
+
+    missing = str(tmp_path / "missing.jsonl")
+    argv = ["--prompts", missing, "--tune-out", str(tmp_path)]
+    code = tune_cli.main(argv) if entry == "tune" else decode.main(["--tune"] + argv)
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip() == f"error: prompts file {missing} does not exist"
+
+
+def test_tune_cli_checks_tpf_from_and_grid_lists(tmp_path, capsys):
+    not_a_report = tmp_path / "other.json"
+    not_a_report.write_text("{}")
+    assert tune_cli.main(["--tpf-from", str(not_a_report), "--tune-out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {not_a_report} is not a tuner report (no TPF grid)"
+    with pytest.raises(SystemExit):
+        tune_cli.build_parser().parse_args(["--block-sizes", "4,eight"])
+    assert tune_cli.build_parser().parse_args(["--block-sizes", "4, 8,"]).block_sizes == (4, 8)

@@ -26,7 +26,7 @@ from jf_jax.weights.gguf import load_gguf
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from gguf_models import TEMPLATE, TOKEN_TYPES, TOKENS, VOCAB, tiny_model, write_gguf  # noqa: E402
+from tests.support.gguf_models import TEMPLATE, TOKEN_TYPES, TOKENS, VOCAB, tiny_model, write_gguf  # noqa: E402
 
 
 def quantize_roundtrip(model, qtype):

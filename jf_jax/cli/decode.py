@@ -28,7 +28,8 @@ METHOD_OPTIONS = {
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m jf_jax.decode", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m",
-                   help="smollm2-135m (embedded default), a Hugging Face directory, a .gguf file, or a training run directory")
+                   help="smollm2-135m (embedded default), a Hugging Face directory, a .gguf file, "
+                   "or a training run directory")
     p.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
     p.add_argument("--prompts", type=Path, help=".jsonl file with a 'prompt' field per line, or .txt, one per line")
     p.add_argument("--methods", default="ar", help="comma list of decoding methods, e.g. ar,jacobi,mr")
@@ -44,8 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="seed of the random draft initialisation")
     p.add_argument("--stream", action="store_true",
                    help="print jacobi and mr tokens as they are accepted (runs them on the step-by-step driver)")
-    p.add_argument("--tune", action="store_true", help="hardware-aware configuration (jf_jax.tuning.tuner): measure the "
-                   "latency curve and a TPF grid, write tuned.json + PNGs to --tune-out, and exit")
+    p.add_argument("--tune", action="store_true",
+                   help="hardware-aware configuration (jf_jax.tuning): measure the latency curve and a TPF grid, "
+                   "write tuned.json + PNGs to --tune-out, and exit")
     p.add_argument("--tune-out", type=Path, default=Path("experiments/results/tune"),
                    help="directory of the --tune outputs, read by --block-size/--pool-size tuned")
     return p
@@ -123,7 +125,8 @@ def run(args) -> dict:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in methods if m not in api.METHODS]
     if not methods or unknown:
-        raise ValueError(f"unknown method(s) {', '.join(unknown) or '(none given)'}; available: {', '.join(api.METHODS)}")
+        raise ValueError(f"unknown method(s) {', '.join(unknown) or '(none given)'}; "
+                         f"available: {', '.join(api.METHODS)}")
     if args.max_new_tokens <= 0:
         raise ValueError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
     prompts = read_prompts(args)
@@ -159,13 +162,27 @@ def run(args) -> dict:
     return {"model": model.name, "settings": settings, "runs": runs, "summary": summarize(runs)}
 
 
+def run_tuner(args) -> int:
+    """``--tune``: the tuner with the grid's defaults on this CLI's model, prompts and dtype
+    (``python -m jf_jax.cli.tune`` has every knob of the grid)."""
+    from jf_jax import api
+    from jf_jax.tuning import measure, tuner
+
+    prompts = gather_prompts(args.prompt, args.prompts, limit_builtin=measure.TUNE_PROMPTS)
+    grid = {k: getattr(args, k) for k in ("num_blocks", "spawn_ratio", "seed") if getattr(args, k) is not None}
+    print(f"loading {args.model} ({args.dtype}) ...", file=sys.stderr)
+    report = api.tune(args.model, prompts, dtype=args.dtype, chat=not args.no_chat, out_dir=args.tune_out,
+                      command=" ".join(["python -m jf_jax.decode"] + sys.argv[1:]), **grid)
+    print("\n".join(tuner.summary_lines(report)))
+    print(f"wrote {args.tune_out / tuner.JSON_NAME}, latency.png, tokens_per_second.png", file=sys.stderr)
+    return 0
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.tune:
-            from jf_jax.tuning import tuner
-
-            return tuner.decode_cli(args)
+            return run_tuner(args)
         report = run(args)
     except (ValueError, FileNotFoundError, OSError) as e:  # our errors are ValueErrors naming the problem
         print(f"error: {e}", file=sys.stderr)

@@ -100,8 +100,10 @@ def generate_ar(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int
     out, count, seconds, prefill_seconds = _run(params, cfg, prep, eos, prep.max_new_tokens)
     tokens = trim_outputs(out, count)
     eos_set = set(int(e) for e in eos_ids)
+    # Prompts decoded together share one wall clock: a prompt's own seconds exist only when it was alone.
+    timing = dict(seconds=seconds, prefill_seconds=prefill_seconds) if len(tokens) == 1 else {}
     per_prompt = [prompt_stats(tokens=len(t), forwards=len(t), stop=StopReason.EOS if t[-1] in eos_set
-                               else StopReason.MAX_NEW_TOKENS) for t in tokens]
+                               else StopReason.MAX_NEW_TOKENS, **timing) for t in tokens]
     stats = dict(method="ar", per_prompt=per_prompt,
                  total=summarize(per_prompt, seconds=seconds, prefill_seconds=prefill_seconds))
     return GenerationResult(token_ids=tokens, forwards=[len(t) for t in tokens], seconds=seconds,

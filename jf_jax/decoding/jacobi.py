@@ -26,11 +26,13 @@ from typing import Callable, Sequence
 import jax
 import jax.numpy as jnp
 
-from jf_jax.decoding.blocks import cap_accepted, draw_context, emit, first_stop, leading_matches, prefill_draft, step_stop
+from jf_jax.decoding.blocks import (cap_accepted, draw_context, emit, first_stop, leading_matches, prefill_draft,
+                                    step_stop)
 from jf_jax.decoding.common import GenerationResult, check_int, eos_array, greedy, is_eos, prepare_prompts
-from jf_jax.decoding.runner import MAX_BLOCK_SIZE, BlockDecoder, OnStep, OnTokens, decode_prompts
+from jf_jax.decoding.runner import MAX_BLOCK_SIZE, BlockDecoder, OnTokens, decode_prompts
 from jf_jax.model.config import ModelConfig
 from jf_jax.model.decode_view import decode_view
+from jf_jax.model.kv_cache import KVCache
 from jf_jax.model.params import Params
 from jf_jax.model.token_meta import causal_meta
 from jf_jax.model.transformer import forward, logits

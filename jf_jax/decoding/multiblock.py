@@ -31,9 +31,10 @@ from typing import Callable, Sequence
 import jax
 import jax.numpy as jnp
 
-from jf_jax.decoding.blocks import cap_accepted, draw_context, emit, first_stop, leading_matches, prefill_draft, step_stop
+from jf_jax.decoding.blocks import (cap_accepted, draw_context, emit, first_stop, leading_matches, prefill_draft,
+                                    step_stop)
 from jf_jax.decoding.common import GenerationError, GenerationResult, check_int, eos_array, is_eos, prepare_prompts
-from jf_jax.decoding.recycling import build_candidates, forward_rows, harvest, push
+from jf_jax.decoding.recycling import build_candidates, forward_rows, harvest, pick_winner, push
 from jf_jax.decoding.runner import MAX_BLOCK_SIZE, BlockDecoder, OnTokens, decode_prompts
 from jf_jax.model.config import ModelConfig
 from jf_jax.model.decode_view import decode_view
@@ -111,9 +112,8 @@ class MRDecoder(BlockDecoder):
     def _verify(self, params: Params, s: MRState, rows):
         """One forward of ``rows`` [R, W]; returns the winning row, its predictions, its new KV and its index."""
         g, k, v = forward_rows(params, self.cfg, rows, jnp.arange(self.width) < s.row_len, s.cache)
-        _, run = leading_matches(rows, g, s.row_len)
-        win = jnp.argmax(jnp.minimum(1 + run, s.ra_len))  # first row on ties
-        return rows[win], g[win], k[:, win][:, None], v[:, win][:, None], win.astype(jnp.int32)
+        win = pick_winner(rows, g, s.row_len, s.ra_len)
+        return rows[win], g[win], k[:, win][:, None], v[:, win][:, None], win
 
     def _step(self, params: Params, s: MRState) -> MRState:
         n, K, W = self.block_size, self.num_blocks, self.width

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from jf_jax.decoding.blocks import leading_matches
 from jf_jax.decoding.common import greedy
 from jf_jax.model.config import ModelConfig
 from jf_jax.model.kv_cache import KVCache
@@ -31,6 +32,13 @@ def forward_rows(params: Params, cfg: ModelConfig, tokens, valid, cache: KVCache
     """
     hidden, new_k, new_v = forward_shared_prefix(params, cfg, tokens, cache, valid=valid[None, :])
     return greedy(logits(params, cfg, hidden)), new_k, new_v
+
+
+def pick_winner(rows, preds, row_len, ra_len):
+    """Index of the row [R, W] whose RA draft has the most verified tokens given its predictions ``preds``
+    [R, W] (capped at ``ra_len``); the first row, the plain draft, on ties."""
+    _, run = leading_matches(rows, preds, row_len)
+    return jnp.argmax(jnp.minimum(1 + run, ra_len)).astype(jnp.int32)
 
 
 def build_candidates(pool, pool_len, pool_next, row, ra_len, num: int):

@@ -77,7 +77,9 @@ def _layer(cfg: ModelConfig, x, layer: Params, rope_tabs, q_meta, cache_kv, cach
         k = dense("btd,dhk->bthk", h, layer["wk"], dt)  # [B, T, K, Dh]
         v = dense("btd,dhk->bthk", h, layer["wv"], dt)  # [B, T, K, Dh]
         if cfg.attention_bias:
-            q, k, v = q + layer["bq"].astype(jnp.float32), k + layer["bk"].astype(jnp.float32), v + layer["bv"].astype(jnp.float32)
+            q = q + layer["bq"].astype(jnp.float32)
+            k = k + layer["bk"].astype(jnp.float32)
+            v = v + layer["bv"].astype(jnp.float32)
         q = rope(q, rope_tabs).astype(dt)
         k = rope(k, rope_tabs).astype(dt)
         v = v.astype(dt)

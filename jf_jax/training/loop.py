@@ -1,4 +1,5 @@
-"""The host training loop: data, model, optimizer, mesh, checkpoints, metrics (run-dir layout: ``jf_jax.weights.run_dir``).
+"""The host training loop: data, model, optimizer, mesh, checkpoints, metrics (run-dir layout:
+``jf_jax.weights.run_dir``).
 
 * Exact resume: the state (step, params, optimizer state) is checkpointed with an orbax CheckpointManager
   (atomic: written to a temporary directory and renamed; keep-N). Batches are a pure function of

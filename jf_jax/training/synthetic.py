@@ -29,7 +29,8 @@ def response_for(prompt, length: int, vocab_size: int) -> np.ndarray:
     prompt = np.asarray(prompt)
     k = np.arange(length)
     span = vocab_size - FIRST_CONTENT_ID
-    return (FIRST_CONTENT_ID + (prompt[k % prompt.size] - FIRST_CONTENT_ID + k // prompt.size + 1) % span).astype(np.int32)
+    shifted = (prompt[k % prompt.size] - FIRST_CONTENT_ID + k // prompt.size + 1) % span
+    return (FIRST_CONTENT_ID + shifted).astype(np.int32)
 
 
 @dataclasses.dataclass(frozen=True)

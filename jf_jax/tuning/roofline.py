@@ -105,7 +105,9 @@ def latency(cost: ModelCost, device: Device, tokens, context: int = 0):
 
 def knee(cost: ModelCost, device: Device, context: int = 0) -> float:
     """Parallel tokens at which compute time reaches memory time (bisection on the monotone difference)."""
-    f = lambda t: cost.flops(t, context) / device.peak_flops - cost.bytes(t, device.dtype, context) / device.bandwidth  # noqa: E731
+    def f(t):
+        return cost.flops(t, context) / device.peak_flops - cost.bytes(t, device.dtype, context) / device.bandwidth
+
     lo, hi = 1e-6, 1.0
     while f(hi) < 0:
         hi *= 2

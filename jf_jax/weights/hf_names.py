@@ -32,7 +32,10 @@ def _rules(cfg: ModelConfig):
                          cfg.intermediate_size, cfg.vocab_size)
     ident = lambda w: w  # noqa: E731
     t = lambda w: w.T  # noqa: E731
-    proj_in = lambda heads: ((lambda w: w.T.reshape(D, heads, Dh)), (lambda w: w.reshape(D, heads * Dh).T))
+
+    def proj_in(heads):  # (to ours, to HF) of a q/k/v projection with ``heads`` heads
+        return (lambda w: w.T.reshape(D, heads, Dh)), (lambda w: w.reshape(D, heads * Dh).T)
+
     q_in, k_in = proj_in(H), proj_in(K)
     layer = r"model\.layers\.(\d+)\."
     rules = [

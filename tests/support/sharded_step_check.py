@@ -1,8 +1,8 @@
 """Runs one train step on 1 device and on a 2x4 ("data", "fsdp") mesh of 8 simulated CPU devices.
 
-Started by tests/test_train.py in a subprocess with XLA_FLAGS=--xla_force_host_platform_device_count=8; prints
-a JSON report on its last stdout line. The sharded step runs with grad_accum=2, the single-device one without,
-so the comparison also covers gradient accumulation.
+Started by tests/test_train.py in a subprocess (``python -m tests.support.sharded_step_check``) with
+XLA_FLAGS=--xla_force_host_platform_device_count=8; prints a JSON report on its last stdout line. The sharded
+step runs with grad_accum=2, the single-device one without, so the comparison also covers gradient accumulation.
 """
 
 import dataclasses
@@ -18,7 +18,7 @@ from jf_jax.training.synthetic import SyntheticRecorder, make_prompts
 from jf_jax.training.state import OptimConfig, init_state, make_optimizer, state_shardings
 from jf_jax.training.step import make_train_step, put_batch
 from jf_jax.training.trajectories import Record
-from train_helpers import TINY, numpy_params
+from tests.support.train_models import TINY, numpy_params
 
 
 def batch():

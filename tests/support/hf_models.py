@@ -55,5 +55,6 @@ def hf_logits(model, tokens) -> np.ndarray:
 def hf_greedy(model, prompt, max_new_tokens: int, eos_id: int) -> list[int]:
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
-                             eos_token_id=eos_id, pad_token_id=eos_id, attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
+                             eos_token_id=eos_id, pad_token_id=eos_id,
+                             attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
     return out[0, len(prompt):].tolist()

@@ -1,0 +1,116 @@
+"""The tuner's measurements on this machine: the forward-latency curve against parallel tokens
+(``measure_latency``) and the tokens-per-forward grid of the mr decoder over block and verification sizes
+(``TPFCell``, ``measure_tpf``; ``cells_from_report`` reads a grid back from an earlier ``tuned.json``).
+
+TPF depends on the model and the data, not on the hardware; latency depends on the hardware. Both take token-id
+prompts and a loaded model's parameters, so nothing here knows about tokenizers or command lines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from typing import Sequence
+
+from jf_jax.decoding import stats
+from jf_jax.tuning import roofline
+
+LATENCY_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+BLOCK_SIZES = (4, 8, 16, 32, 64)
+POOL_SIZES = (1, 2, 4)
+TUNE_PROMPTS = 3  # the first built-in prompts the tuner decodes when given none
+TUNE_TOKENS = 32  # 3 prompts x 32 tokens: the grid runs ~1300 forwards on a 2-core CPU
+NUM_BLOCKS = 1  # K of the grid: 1 = Jacobi with recycling (parallel tokens n * p); the paper fixes K=2 first
+
+
+def measure_latency(params, cfg, sizes: Sequence[int] = LATENCY_SIZES, *, context: int = 128, repeats: int = 5,
+                    progress=None) -> roofline.MeasuredCurve:
+    """Median seconds of one cached forward (+ float32 logits and argmax, as the decoders do) of ``t`` tokens
+    over ``context`` committed slots, for each ``t`` in ``sizes`` (one compiled program per size)."""
+    import jax
+    import jax.numpy as jnp
+
+    from jf_jax.decoding.common import greedy
+    from jf_jax.model.decode_view import decode_view
+    from jf_jax.model.kv_cache import KVCache
+    from jf_jax.model.transformer import forward, logits
+
+    params = decode_view(params)
+
+    @jax.jit
+    def step(params, tokens, cache):
+        hidden, cache = forward(params, cfg, tokens, cache=cache)
+        return greedy(logits(params, cfg, hidden)), cache
+
+    medians = []
+    for t in sizes:
+        if progress is not None:
+            progress.set_postfix_str(f"latency t={t}")
+        cache = KVCache.init(cfg, 1, context + t).with_lengths(context)
+        tokens = (jnp.arange(t, dtype=jnp.int32) * 7919 % cfg.vocab_size)[None]
+        jax.block_until_ready(step(params, tokens, cache))  # compile + warm up
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            jax.block_until_ready(step(params, tokens, cache))
+            times.append(time.perf_counter() - start)
+        medians.append(statistics.median(times))
+        if progress is not None:
+            progress.update()
+    return roofline.MeasuredCurve(tuple(int(t) for t in sizes), tuple(medians))
+
+
+@dataclasses.dataclass(frozen=True)
+class TPFCell:
+    """TPF of one (block size, verification size) setting of the mr decoder over the prompt set."""
+
+    block_size: int
+    pool_size: int
+    num_blocks: int
+    tokens: int
+    forwards: int  # prefill included
+    recycling_rounds: int  # iterations that verified recycled candidate rows
+    lossless: bool  # tokens equal to the grid's first setting's tokens, prompt by prompt
+
+    @property
+    def tpf(self) -> float:
+        return stats.tokens_per_forward(self.tokens, self.forwards)
+
+    @property
+    def recycle_fraction(self) -> float:
+        return self.recycling_rounds / max(self.forwards, 1)
+
+    def to_json(self) -> dict:
+        return {**dataclasses.asdict(self), "tpf": self.tpf, "recycle_fraction": self.recycle_fraction}
+
+
+def measure_tpf(params, cfg, prompts: Sequence[Sequence[int]], eos_ids: Sequence[int], *,
+                block_sizes: Sequence[int] = BLOCK_SIZES, pool_sizes: Sequence[int] = POOL_SIZES,
+                num_blocks: int = NUM_BLOCKS, spawn_ratio: float = 0.85, max_new_tokens: int = TUNE_TOKENS,
+                seed: int = 0, progress=None) -> list[TPFCell]:
+    """Runs ``generate_mr`` for every (n, p) of the grid on token-id ``prompts``; TPF from its statistics."""
+    from jf_jax.decoding.multiblock import generate_mr
+
+    cells, reference = [], None
+    for n in block_sizes:
+        for p in pool_sizes:
+            if progress is not None:
+                progress.set_postfix_str(f"TPF n={n} p={p}")
+            result = generate_mr(params, cfg, list(prompts), max_new_tokens=max_new_tokens, eos_ids=eos_ids,
+                                 block_size=n, num_blocks=num_blocks, spawn_ratio=spawn_ratio, pool_size=p,
+                                 seed=seed, warmup=False)
+            total = result.stats["total"]
+            reference = result.token_ids if reference is None else reference
+            cells.append(TPFCell(block_size=n, pool_size=p, num_blocks=num_blocks, tokens=int(total["tokens"]),
+                                 forwards=int(total["forwards"]), recycling_rounds=int(total["recycling_rounds"]),
+                                 lossless=result.token_ids == reference))
+            if progress is not None:
+                progress.update()
+    return cells
+
+
+def cells_from_report(report: dict) -> list[TPFCell]:
+    """The TPF grid of an earlier report (``tuned.json``)."""
+    names = {f.name for f in dataclasses.fields(TPFCell)}
+    return [TPFCell(**{k: v for k, v in c.items() if k in names}) for c in report["tpf"]]

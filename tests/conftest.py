@@ -1,0 +1,38 @@
+"""Shared fixtures and lanes of the test suite.
+
+Lanes: ``python -m pytest -q`` runs everything (CI); ``python -m pytest -q -m "not slow"`` is the development
+lane (no real-weights model, no multi-device subprocess, no end-to-end training run).
+
+Helpers that tests import (small random / predictable / Hugging Face / GGUF models) live in ``tests.support``;
+the fixtures here are the ones several test modules share.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from jf_jax.weights import store
+
+
+@pytest.fixture
+def weight_cache(tmp_path, monkeypatch):
+    """A fresh, empty converted-weights cache for one test (nothing read from or written to ~/.cache)."""
+    path = tmp_path / "weight_cache"
+    monkeypatch.setenv(store.CACHE_ENV, str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory):
+    """A tiny llama GGUF file with tied embeddings and a chat template (``tests.support.gguf_models``)."""
+    from tests.support.gguf_models import tiny_model, write_gguf
+
+    return write_gguf(tmp_path_factory.mktemp("model") / "tiny.gguf", tiny_model("llama", tie=True, seed=3))
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The embedded SmolLM2-135M-Instruct through the public API (decode view, float32), loaded once."""
+    from jf_jax import api
+
+    return api.load_model("smollm2-135m")

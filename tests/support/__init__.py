@@ -1,0 +1,1 @@
+"""Importable helpers of the test suite: small models (random, predictable, Hugging Face twins, GGUF files)."""
