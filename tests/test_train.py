@@ -140,6 +140,7 @@ def test_nan_stops_and_keeps_the_last_good_checkpoint(uninterrupted, tmp_path, m
     assert resumed.metrics[8] == full.metrics[8]
 
 
+@pytest.mark.slow  # a subprocess that compiles the step on 8 simulated devices
 def test_sharded_step_on_8_devices_equals_single_device():
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu",
            "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}

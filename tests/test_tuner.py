@@ -97,6 +97,7 @@ def _tiny_model():
     return types.SimpleNamespace(name="tiny", cfg=TINY, params=params, tokenizer=tokenizer)
 
 
+@pytest.mark.slow  # the whole measure -> choose -> plot pipeline
 def test_pipeline_on_a_tiny_model_writes_json_and_plots(tmp_path):
     model = _tiny_model()
     # Each grid cell compiles its own decoder (the cost of this test): keep the grids tiny.

@@ -1,1 +1,10 @@
-"""training"""
+"""Jacobi Forcing training, in data-flow order: trajectories -> noise schedule -> packed batches -> losses ->
+train state and step -> the loop (checkpoints, metrics).
+
+* ``trajectories``: on-disk trajectory shards, resumable collection, readers.
+* ``noise_schedule``, ``packing``: noisy/clean packing with per-token stream and block ids.
+* ``losses``: consistency + AR losses over a packed batch.
+* ``state``, ``step``: optax state and the sharded, jitted train step.
+* ``config``, ``loop``: YAML run configs (strict) and the host loop with exact orbax resume.
+* ``tensorboard``: event files without TensorFlow; ``synthetic``: a task whose Jacobi TPF training must raise.
+"""
