@@ -192,8 +192,7 @@ def main(argv=None) -> int:
             text = r["text"].strip().replace("\n", "\n    ")
             print(f"[{r['prompt_index']}] {r['prompt']}\n    {text}\n")
     print(format_table(report["runs"], report["summary"]))
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
+    if args.json is not None:  # its directory exists: check_writable made it before any work
         args.json.write_text(json.dumps(report, indent=1))
         print(f"wrote {args.json}", file=sys.stderr)
     return 0

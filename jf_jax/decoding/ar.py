@@ -106,5 +106,5 @@ def generate_ar(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int
                                else StopReason.MAX_NEW_TOKENS, **timing) for t in tokens]
     stats = dict(method="ar", per_prompt=per_prompt,
                  total=summarize(per_prompt, seconds=seconds, prefill_seconds=prefill_seconds))
-    return GenerationResult(token_ids=tokens, forwards=[len(t) for t in tokens], seconds=seconds,
+    return GenerationResult(token_ids=tokens, forwards=[p["forwards"] for p in per_prompt], seconds=seconds,
                             prefill_seconds=prefill_seconds, stats=stats)

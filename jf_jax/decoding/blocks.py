@@ -7,6 +7,8 @@ prefill-drafting trick, and the stop reason of a step.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
@@ -18,12 +20,16 @@ from jf_jax.model.token_meta import causal_meta
 from jf_jax.model.transformer import forward, logits
 
 
-def draw_context(key, prompt, prompt_len, out, count, num: int):
-    """``num`` ids drawn uniformly (with replacement) from the context ``prompt[:prompt_len] ++ out[:count]``."""
-    idx = jax.random.randint(key, (num,), 0, prompt_len + count)
+def context_ids(prompt, prompt_len, out, idx):
+    """Ids at indices ``idx`` of the context ``prompt[:prompt_len] ++ out`` (the prompt, then generated ids)."""
     from_prompt = prompt[jnp.clip(idx, 0, prompt.shape[0] - 1)]
     from_out = out[jnp.clip(idx - prompt_len, 0, out.shape[0] - 1)]
     return jnp.where(idx < prompt_len, from_prompt, from_out).astype(jnp.int32)
+
+
+def draw_context(key, prompt, prompt_len, out, count, num: int):
+    """``num`` ids drawn uniformly (with replacement) from the context ``prompt[:prompt_len] ++ out[:count]``."""
+    return context_ids(prompt, prompt_len, out, jax.random.randint(key, (num,), 0, prompt_len + count))
 
 
 def leading_matches(draft, pred, valid_len):
@@ -74,6 +80,33 @@ def prefill_draft(params: Params, cfg: ModelConfig, prompt, prompt_len, guesses,
     hidden, cache = forward(params, cfg, tokens[None], meta=meta, cache=KVCache.init(cfg, 1, capacity))
     rows = jax.lax.dynamic_slice_in_dim(hidden[0], prompt_len - 1, n)
     return cache.with_lengths(prompt_len), greedy(logits(params, cfg, rows))
+
+
+class BlockStart(NamedTuple):
+    """What both block decoders begin with, after the prefill-drafting forward."""
+
+    key: jax.Array  # the draft RNG key after drawing the first guesses
+    guesses: jax.Array  # [n] the random draft the first block started from
+    first: jax.Array  # [n] the first block's first draft (first[0] is the first response token)
+    first_eos: jax.Array  # [] that token is EOS: generation ends with the one forward AR would also spend
+    out: jax.Array  # [N] generated ids, -1 past the count (holds the EOS when first_eos)
+    cache: KVCache  # batch 1, holding the prompt
+    block_iters: jax.Array  # [max_blocks] zeros: iterations per block
+    accept_hist: jax.Array  # [n + 1] zeros: histogram of tokens accepted per iteration
+
+
+def start_blocks(params: Params, cfg: ModelConfig, n: int, prompt, prompt_len, key, eos_ids, out_capacity: int,
+                 capacity: int) -> BlockStart:
+    """Draws n guesses from the prompt, runs ``prefill_draft`` and emits an EOS first token."""
+    key, sub = jax.random.split(key)
+    out = jnp.full((out_capacity,), -1, jnp.int32)
+    guesses = draw_context(sub, prompt, prompt_len, out, 0, n)
+    cache, first = prefill_draft(params, cfg, prompt, prompt_len, guesses, capacity)
+    first_eos = is_eos(first[0], eos_ids)
+    return BlockStart(key=key, guesses=guesses, first=first, first_eos=first_eos,
+                      out=jnp.where(first_eos, emit(out, 0, first, 1), out), cache=cache,
+                      block_iters=jnp.zeros((out_capacity // n + 2,), jnp.int32),
+                      accept_hist=jnp.zeros((n + 1,), jnp.int32))
 
 
 def first_stop(first_eos):

@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 import jax
 import jax.numpy as jnp
 
-from jf_jax.decoding.blocks import (cap_accepted, draw_context, emit, first_stop, leading_matches, prefill_draft,
+from jf_jax.decoding.blocks import (cap_accepted, draw_context, emit, first_stop, leading_matches, start_blocks,
                                     step_stop)
 from jf_jax.decoding.common import GenerationResult, check_int, eos_array, greedy, is_eos, prepare_prompts
 from jf_jax.decoding.runner import MAX_BLOCK_SIZE, BlockDecoder, OnTokens, decode_prompts
@@ -76,19 +76,12 @@ class JacobiDecoder(BlockDecoder):
              capacity: int) -> JacobiState:
         """Prefill with the drafting trick; the returned state's draft is the first block's first draft."""
         n = self.block_size
-        key, sub = jax.random.split(key)
-        out = jnp.full((out_capacity,), -1, jnp.int32)
-        guesses = draw_context(sub, prompt, prompt_len, out, 0, n)
-        cache, first = prefill_draft(params, self.cfg, prompt, prompt_len, guesses, capacity)
-        # An EOS first token ends generation here, with the one forward AR would also spend.
-        first_eos = is_eos(first[0], eos_ids)
-        out = jnp.where(first_eos, emit(out, 0, first, 1), out)
+        b = start_blocks(params, self.cfg, n, prompt, prompt_len, key, eos_ids, out_capacity, capacity)
         return JacobiState(
-            draft=first, draft_len=jnp.int32(n), block_init=guesses, out=out, count=first_eos.astype(jnp.int32),
-            block_start=jnp.int32(0), done=first_eos, cache=cache, prompt=prompt, prompt_len=prompt_len, key=key,
-            max_new=max_new, eos_ids=eos_ids, forwards=jnp.int32(1), block=jnp.int32(0),
-            block_iters=jnp.zeros((out_capacity // n + 2,), jnp.int32), accept_hist=jnp.zeros((n + 1,), jnp.int32),
-            stop=first_stop(first_eos))
+            draft=b.first, draft_len=jnp.int32(n), block_init=b.guesses, out=b.out,
+            count=b.first_eos.astype(jnp.int32), block_start=jnp.int32(0), done=b.first_eos, cache=b.cache,
+            prompt=prompt, prompt_len=prompt_len, key=b.key, max_new=max_new, eos_ids=eos_ids, forwards=jnp.int32(1),
+            block=jnp.int32(0), block_iters=b.block_iters, accept_hist=b.accept_hist, stop=first_stop(b.first_eos))
 
     def _step(self, params: Params, s: JacobiState) -> JacobiState:
         n = self.block_size

@@ -31,8 +31,8 @@ from typing import Callable, Sequence
 import jax
 import jax.numpy as jnp
 
-from jf_jax.decoding.blocks import (cap_accepted, draw_context, emit, first_stop, leading_matches, prefill_draft,
-                                    step_stop)
+from jf_jax.decoding.blocks import (cap_accepted, context_ids, draw_context, emit, first_stop, leading_matches,
+                                    start_blocks, step_stop)
 from jf_jax.decoding.common import GenerationError, GenerationResult, check_int, eos_array, is_eos, prepare_prompts
 from jf_jax.decoding.recycling import build_candidates, forward_rows, harvest, pick_winner, push
 from jf_jax.decoding.runner import MAX_BLOCK_SIZE, BlockDecoder, OnTokens, decode_prompts
@@ -94,20 +94,15 @@ class MRDecoder(BlockDecoder):
     def init(self, params: Params, prompt, prompt_len, key, max_new, eos_ids, out_capacity: int,
              capacity: int) -> MRState:
         n, W = self.block_size, self.width
-        key, sub = jax.random.split(key)
-        out = jnp.full((out_capacity,), -1, jnp.int32)
-        guesses = draw_context(sub, prompt, prompt_len, out, 0, n)
-        cache, first = prefill_draft(params, self.cfg, prompt, prompt_len, guesses, capacity)
-        first_eos = is_eos(first[0], eos_ids)
+        b = start_blocks(params, self.cfg, n, prompt, prompt_len, key, eos_ids, out_capacity, capacity)
         return MRState(
-            row=jnp.pad(first, (0, W - n)), row_len=jnp.int32(n), ra_len=jnp.int32(n), n_pa=jnp.int32(0),
-            pa_progress=jnp.zeros((self.num_blocks,), jnp.int32), out=jnp.where(first_eos, emit(out, 0, first, 1), out),
-            count=first_eos.astype(jnp.int32), block_start=jnp.int32(0), done=first_eos, cache=cache, prompt=prompt,
-            prompt_len=prompt_len, key=key, max_new=max_new, eos_ids=eos_ids,
+            row=jnp.pad(b.first, (0, W - n)), row_len=jnp.int32(n), ra_len=jnp.int32(n), n_pa=jnp.int32(0),
+            pa_progress=jnp.zeros((self.num_blocks,), jnp.int32), out=b.out, count=b.first_eos.astype(jnp.int32),
+            block_start=jnp.int32(0), done=b.first_eos, cache=b.cache, prompt=prompt, prompt_len=prompt_len,
+            key=b.key, max_new=max_new, eos_ids=eos_ids,
             pool=jnp.zeros((self.pool_size, n + W), jnp.int32), pool_len=jnp.zeros((self.pool_size,), jnp.int32),
-            pool_next=jnp.int32(0), forwards=jnp.int32(1), block=jnp.int32(0),
-            block_iters=jnp.zeros((out_capacity // n + 2,), jnp.int32), accept_hist=jnp.zeros((n + 1,), jnp.int32),
-            counters=jnp.zeros((len(MR_COUNTERS),), jnp.int32), stop=first_stop(first_eos))
+            pool_next=jnp.int32(0), forwards=jnp.int32(1), block=jnp.int32(0), block_iters=b.block_iters,
+            accept_hist=b.accept_hist, counters=jnp.zeros((len(MR_COUNTERS),), jnp.int32), stop=first_stop(b.first_eos))
 
     def _verify(self, params: Params, s: MRState, rows):
         """One forward of ``rows`` [R, W]; returns the winning row, its predictions, its new KV and its index."""
@@ -172,10 +167,7 @@ class MRDecoder(BlockDecoder):
 
         pool, pool_len, pool_next = s.pool, s.pool_len, s.pool_next
         if self.pool_size > 1:
-            def context(idx):
-                return jnp.where(idx < s.prompt_len, s.prompt[jnp.clip(idx, 0, s.prompt.shape[0] - 1)],
-                                 out[jnp.clip(idx - s.prompt_len, 0, out.shape[0] - 1)])
-
+            context = functools.partial(context_ids, s.prompt, s.prompt_len, out)
             rejected = ~done & ~full
             for entry, length in harvest(context, s.prompt_len + count, d, g, accepted, s.row_len, n,
                                          pool.shape[1]):
