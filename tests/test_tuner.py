@@ -152,6 +152,16 @@ def test_tune_takes_token_ids_not_text(tmp_path):
     assert not (tmp_path / tuner.JSON_NAME).exists()
 
 
+def test_tune_refuses_an_over_long_prompt_before_measuring(tmp_path, monkeypatch):
+    model = _tiny_model()
+    measured = []
+    monkeypatch.setattr(tuner, "measure_latency", lambda *a, **k: measured.append(1))
+    too_long = [[1] * (model.cfg.max_position_embeddings - 4)]
+    with pytest.raises(ValueError, match="exceeds the model context"):
+        tuner.tune(model, too_long, out_dir=tmp_path, max_new_tokens=8)
+    assert not measured and not (tmp_path / tuner.JSON_NAME).exists()
+
+
 @pytest.mark.parametrize("entry", ["tune", "decode"])
 def test_tune_cli_reports_bad_input_in_one_line(entry, tmp_path, capsys):
     from jf_jax.cli import decode

@@ -163,18 +163,14 @@ def run(args) -> dict:
 
 
 def run_tuner(args) -> int:
-    """``--tune``: the tuner with the grid's defaults on this CLI's model, prompts and dtype
-    (``python -m jf_jax.cli.tune`` has every knob of the grid)."""
-    from jf_jax import api
-    from jf_jax.tuning import measure, tuner
+    """``--tune``: the tuner with the grid's defaults on this CLI's model, prompts and dtype (only the mr options
+    given here change the grid; ``python -m jf_jax.cli.tune`` has every knob)."""
+    from jf_jax.cli.tuning_run import tune_and_report
+    from jf_jax.tuning.measure import TUNE_PROMPTS
 
-    prompts = gather_prompts(args.prompt, args.prompts, limit_builtin=measure.TUNE_PROMPTS)
-    grid = {k: getattr(args, k) for k in ("num_blocks", "spawn_ratio", "seed") if getattr(args, k) is not None}
-    print(f"loading {args.model} ({args.dtype}) ...", file=sys.stderr)
-    report = api.tune(args.model, prompts, dtype=args.dtype, chat=not args.no_chat, out_dir=args.tune_out,
-                      command=" ".join(["python -m jf_jax.decode"] + sys.argv[1:]), **grid)
-    print("\n".join(tuner.summary_lines(report)))
-    print(f"wrote {args.tune_out / tuner.JSON_NAME}, latency.png, tokens_per_second.png", file=sys.stderr)
+    prompts = gather_prompts(args.prompt, args.prompts, limit_builtin=TUNE_PROMPTS)
+    tune_and_report(args, prompts, command=" ".join(["python -m jf_jax.decode"] + sys.argv[1:]),
+                    names=("num_blocks", "spawn_ratio", "seed"))
     return 0
 
 

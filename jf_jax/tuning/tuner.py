@@ -44,6 +44,7 @@ from typing import Sequence
 
 import numpy as np
 
+from jf_jax.decoding.common import prepare_prompts
 from jf_jax.tuning import roofline
 from jf_jax.tuning.measure import (BLOCK_SIZES, LATENCY_SIZES, NUM_BLOCKS, POOL_SIZES, TUNE_TOKENS, TPFCell,
                                    measure_latency, measure_tpf)
@@ -164,6 +165,8 @@ def tune(model, prompts: Sequence[Sequence[int]], *, out_dir: Path = DEFAULT_DIR
 
     if isinstance(prompts, str) or any(isinstance(p, str) for p in prompts):
         raise TypeError("tune() takes token-id prompts; encode text with jf_jax.api.encode_prompts")
+    if cells is None:  # the TPF grid decodes the prompts: refuse bad ones before measuring anything
+        prepare_prompts(model.cfg, prompts, max_new_tokens)
     device = current_device() or "this-device"
     start = time.perf_counter()
     if cells is not None:
