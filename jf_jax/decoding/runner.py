@@ -131,8 +131,8 @@ def decode_prompts(decoder: BlockDecoder, params, prep: PreparedPrompts, eos_ids
         per_prompt.append(prompt_stats(tokens=host.count, forwards=host.forwards, stop=host.stop, seconds=seconds,
                                        prefill_seconds=prefill_seconds, block_iters=host.block_iters,
                                        accept_hist=host.accept_hist, counters=decoder.counters(host)))
+    total = summarize(per_prompt)
     stats = dict(**(settings or {}), block_size=decoder.block_size, driver=driver, seed=seed,
-                 per_prompt=per_prompt, total=summarize(per_prompt))
+                 per_prompt=per_prompt, total=total)
     return GenerationResult(token_ids=token_ids, forwards=[p["forwards"] for p in per_prompt],
-                            seconds=sum(p["seconds"] for p in per_prompt),
-                            prefill_seconds=sum(p["prefill_seconds"] for p in per_prompt), stats=stats)
+                            seconds=total["seconds"], prefill_seconds=total["prefill_seconds"], stats=stats)
