@@ -36,3 +36,11 @@ def smollm2():
     from jf_jax import api
 
     return api.load_model("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def smollm2_bf16():
+    """The embedded SmolLM2-135M-Instruct in bfloat16 through the public API, loaded once."""
+    from jf_jax import api
+
+    return api.load_model("smollm2-135m", dtype="bfloat16")

@@ -2,11 +2,14 @@
 
 ``forward`` runs the stacked layers with ``lax.scan``. Without a cache it is the training / full-sequence
 forward (attention among the given tokens, masked by their ``TokenMeta``). With a cache the tokens attend to
-the committed cache slots plus each other, and their keys/values are written at the cache's current
-lengths (not committed: the caller decides how much of the block to keep).
+the committed cache slots plus each other (``model.cached_attention``: the same arithmetic for a token however
+many tokens or rows share its forward), and their keys/values are written at the cache's current lengths
+(not committed: the caller decides how much of the block to keep).
 """
 
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +17,8 @@ import jax.numpy as jnp
 from jf_jax.model.config import ModelConfig
 from jf_jax.model.decode_view import MATMUL_WEIGHTS, DecodeView, Shards
 from jf_jax.model.kv_cache import KVCache
-from jf_jax.model.token_meta import cache_key_meta, causal_meta, concat_meta
+from jf_jax.model.cached_attention import cached_attention
+from jf_jax.model.token_meta import causal_meta
 from jf_jax.model.params import Params
 from pallas_kernels.mask import MASK_NOISE_CONDITIONED, TokenMeta
 
@@ -56,26 +60,53 @@ def _attend(cfg: ModelConfig, q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, mas
     return attention_reference(q, k, v, q_meta, k_meta, mask_kind=mask_kind)
 
 
-def dense(equation: str, x, shards: Shards, dtype):
+# The most rows for which XLA:CPU's dot of a compute dtype keeps one summation order per row (measured, jax
+# 0.10.2, YNNPACK dots): float32 dots change order past 32 rows (33-48 and 64+ differ from 2-32); bfloat16 dots
+# keep one order at every row count >= 2, so they need no tiling. One-row dots differ in every dtype (GEMV): the
+# decode path never runs them (``_pad_one_row``).
+ROW_TILES = {"float32": 32}
+
+
+def _row_dot(equation: str, x, w, lead: int, row_tile: int | None):
+    """``einsum(equation, x, w)`` in float32; with ``row_tile``, rows (x's ``lead`` leading axes) are computed in
+    groups of at most ``row_tile`` (a ``lax.map``), so a row's bits never depend on how many rows there are."""
+    rows = math.prod(x.shape[:lead])
+    if row_tile is None or rows <= row_tile:
+        return jnp.einsum(equation, x, w, preferred_element_type=jnp.float32)
+    ins, out = equation.split("->")
+    x_sub, w_sub = ins.split(",")
+    flat_eq = f"m{x_sub[lead:]},{w_sub}->m{out[lead:]}"
+    groups = -(-rows // row_tile)
+    flat = x.reshape((rows,) + x.shape[lead:])
+    flat = jnp.pad(flat, [(0, groups * row_tile - rows)] + [(0, 0)] * (flat.ndim - 1))
+    tiles = jax.lax.map(lambda t: jnp.einsum(flat_eq, t, w, preferred_element_type=jnp.float32),
+                        flat.reshape((groups, row_tile) + flat.shape[1:]))
+    tiles = tiles.reshape((groups * row_tile,) + tiles.shape[2:])[:rows]
+    return tiles.reshape(x.shape[:lead] + tiles.shape[1:])
+
+
+def dense(equation: str, x, shards: Shards, dtype, row_tile: int | None = None):
     """``einsum(equation, x, w)`` accumulated in float32, for ``w`` given as ``Shards``: one weight split along
-    its last axis (a 1-tuple when unsplit), concatenated back.
+    its last axis (a 1-tuple when unsplit), concatenated back. ``equation`` names x's two leading (row) axes
+    first; ``row_tile`` (see ``ROW_TILES``) bounds the rows of one dot.
 
     The shards' dots are independent, so XLA's CPU runtime runs them on different cores: a one-token step is
     a chain of matrix-vector products, and one XLA dot runs on a single core.
     """
-    outs = [jnp.einsum(equation, x, s.astype(dtype), preferred_element_type=jnp.float32) for s in shards]
+    outs = [_row_dot(equation, x, s.astype(dtype), 2, row_tile) for s in shards]
     return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=-1)
 
 
-def _layer(cfg: ModelConfig, x, layer: Params, rope_tabs, q_meta, cache_kv, cache_meta, mask_kind):
-    """One decoder layer. x: [B, T, D]. Returns the new x and this layer's new (k, v) [B, T, K, Dh]."""
+def _layer(cfg: ModelConfig, x, layer: Params, rope_tabs, q_meta, cache_kv, mask_kind, row_tile):
+    """One decoder layer. x: [B, T, D]; ``cache_kv`` is None (attention among the tokens, by ``q_meta``) or this
+    layer's (cached keys, cached values, lengths). Returns the new x and this layer's new (k, v) [B, T, K, Dh]."""
     dt = cfg.compute_dtype
 
     with jax.named_scope("attention"):
         h = rms_norm(x, layer["attn_norm"], cfg.rms_norm_eps)
-        q = dense("btd,dhk->bthk", h, layer["wq"], dt)  # [B, T, H, Dh]
-        k = dense("btd,dhk->bthk", h, layer["wk"], dt)  # [B, T, K, Dh]
-        v = dense("btd,dhk->bthk", h, layer["wv"], dt)  # [B, T, K, Dh]
+        q = dense("btd,dhk->bthk", h, layer["wq"], dt, row_tile)  # [B, T, H, Dh]
+        k = dense("btd,dhk->bthk", h, layer["wk"], dt, row_tile)  # [B, T, K, Dh]
+        v = dense("btd,dhk->bthk", h, layer["wv"], dt, row_tile)  # [B, T, K, Dh]
         if cfg.attention_bias:
             q = q + layer["bq"].astype(jnp.float32)
             k = k + layer["bk"].astype(jnp.float32)
@@ -84,22 +115,25 @@ def _layer(cfg: ModelConfig, x, layer: Params, rope_tabs, q_meta, cache_kv, cach
         k = rope(k, rope_tabs).astype(dt)
         v = v.astype(dt)
         if cache_kv is None:
-            keys, values, k_meta = k, v, q_meta
+            attn = _attend(cfg, q, k, v, q_meta, q_meta, mask_kind)  # [B, T, H, Dh]
         else:
-            cached_k, cached_v = cache_kv  # [B, S, K, Dh]
-            keys = jnp.concatenate([cached_k, k], axis=1)
-            values = jnp.concatenate([cached_v, v], axis=1)
-            k_meta = concat_meta(cache_meta, q_meta)
-        attn = _attend(cfg, q, keys, values, q_meta, k_meta, mask_kind)  # [B, T, H, Dh]
-        x = x + dense("bthk,hkd->btd", attn, layer["wo"], dt).astype(dt)
+            cached_k, cached_v, lengths = cache_kv  # [Bc, S, K, Dh] twice, [Bc]
+            attn = cached_attention(q, k, v, q_meta.segment >= 0, cached_k, cached_v, lengths)
+        x = x + dense("bthk,hkd->btd", attn, layer["wo"], dt, row_tile).astype(dt)
 
     with jax.named_scope("mlp"):
         h = rms_norm(x, layer["mlp_norm"], cfg.rms_norm_eps)
-        gate = dense("btd,df->btf", h, layer["w_gate"], dt)
-        up = dense("btd,df->btf", h, layer["w_up"], dt)
+        gate = dense("btd,df->btf", h, layer["w_gate"], dt, row_tile)
+        up = dense("btd,df->btf", h, layer["w_up"], dt, row_tile)
         act = (jax.nn.silu(gate) * up).astype(dt)
-        x = x + dense("btf,fd->btd", act, layer["w_down"], dt).astype(dt)
+        x = x + dense("btf,fd->btd", act, layer["w_down"], dt, row_tile).astype(dt)
     return x, (k, v)
+
+
+def _decode_row_tile(params: Params | DecodeView, cfg: ModelConfig) -> int | None:
+    """Decoding (the ``DecodeView``) computes every row alike however many share a dot; training (the stacked
+    layout) lets XLA pick its fastest dot for the whole batch."""
+    return ROW_TILES.get(cfg.dtype) if isinstance(params, DecodeView) else None
 
 
 def _outer(params: Params | DecodeView):
@@ -113,22 +147,23 @@ def _stack(params: Params | DecodeView, cfg: ModelConfig, tokens, positions, q_m
            mask_kind: str):
     """Embedding, every layer and the final norm. Returns (hidden, new keys, new values [L, B, T, K, Dh]).
 
-    A one-row cache serves every row of ``tokens`` (broadcast inside each layer, never copied per row).
+    With a cache the tokens attend through ``cached_attention``; a one-row cache serves every row of ``tokens``
+    (shared inside each layer, never copied per row), and a lone token is run as two (``_pad_one_row``).
     """
-    B = tokens.shape[0]
+    B, T = tokens.shape
+    if cache is not None and B * T == 1:
+        x, new_k, new_v = _stack(params, cfg, *_pad_one_row(tokens, positions, q_meta), cache, mask_kind)
+        return x[:, :1], new_k[:, :, :1], new_v[:, :, :1]
     embed, final_norm, _ = _outer(params)
+    row_tile = _decode_row_tile(params, cfg)
     x = embed.astype(cfg.compute_dtype)[tokens]  # [B, T, D]
     rope_tabs = rope_tables(positions, cfg.head_dim, cfg.rope_theta)
-    cache_meta = None
-    if cache is not None:
-        cache_meta = cache_key_meta(jnp.broadcast_to(cache.lengths, (B,)), cache.capacity)
-    rows_kv_shape = None if cache is None else (B,) + cache.k.shape[2:]
 
     def body(x, per_layer):
         layer, cache_kv = per_layer
         if cache_kv is not None:
-            cache_kv = tuple(jnp.broadcast_to(c, rows_kv_shape) for c in cache_kv)
-        return _layer(cfg, x, layer, rope_tabs, q_meta, cache_kv, cache_meta, mask_kind)
+            cache_kv = cache_kv + (cache.lengths,)
+        return _layer(cfg, x, layer, rope_tabs, q_meta, cache_kv, mask_kind, row_tile)
 
     if isinstance(params, DecodeView):
         # A Python loop over per-layer arrays: no layer's weights are sliced out of a stacked array (on CPU the
@@ -143,6 +178,17 @@ def _stack(params: Params | DecodeView, cfg: ModelConfig, tokens, positions, q_m
         layers = {k: (w,) if k in MATMUL_WEIGHTS else w for k, w in params["layers"].items()}
         x, (new_k, new_v) = jax.lax.scan(body, x, (layers, None if cache is None else (cache.k, cache.v)))
     return rms_norm(x, final_norm, cfg.rms_norm_eps), new_k, new_v
+
+
+def _pad_one_row(tokens, positions, q_meta: TokenMeta):
+    """A one-token, one-row forward as two tokens, the second a padding token at the next position: XLA:CPU
+    computes a one-row dot with another kernel (a GEMV that also converts bfloat16 weights to float32 on every
+    call), whose results differ from the same token's inside a block, and which is slower too."""
+    two = lambda a: jnp.concatenate([a, a], axis=1)  # noqa: E731
+    step = jnp.array([0, 1], jnp.int32)
+    meta = TokenMeta(position=two(q_meta.position) + step, stream=two(q_meta.stream), block=two(q_meta.block),
+                     segment=jnp.concatenate([q_meta.segment, jnp.full_like(q_meta.segment, -1)], axis=1))
+    return two(tokens), two(positions) + step, meta
 
 
 def _default_positions(tokens, meta, cache):
@@ -178,7 +224,7 @@ def forward_shared_prefix(params: Params | DecodeView, cfg: ModelConfig, tokens,
     """Forwards R candidate rows [R, W] over the committed prefix of a *one-row* cache that they all share.
 
     Row r's tokens sit at positions ``cache.lengths[0] + arange(W)``; ``valid`` [R, W] (default all) marks
-    padding queries as False. The cache is broadcast to the rows inside each layer (never copied per row)
+    padding queries as False. The cache is shared by the rows inside each layer (never copied per row)
     and not written: returns (hidden [R, W, D], new keys, new values [L, R, W, K, Dh]) so the caller can
     write back only the row it keeps (rejection recycling).
     """
@@ -192,12 +238,21 @@ def forward_shared_prefix(params: Params | DecodeView, cfg: ModelConfig, tokens,
 
 
 def logits(params: Params | DecodeView, cfg: ModelConfig, hidden):
-    """Float32 vocabulary logits of hidden states [..., D] (the tied embedding when there is no lm_head)."""
+    """Float32 vocabulary logits of hidden states [..., D] (the tied embedding when there is no lm_head).
+
+    A single row is computed as two (see ``_pad_one_row``), so its logits equal that row's inside any batch.
+    """
     dt = cfg.compute_dtype
     embed, _, head = _outer(params)
+    rows = hidden.reshape(-1, hidden.shape[-1]).astype(dt)
+    if rows.shape[0] == 1:
+        rows = jnp.concatenate([rows, rows])
+    row_tile = _decode_row_tile(params, cfg)
     if head is not None:
-        return dense("...d,dv->...v", hidden.astype(dt), head, dt)
-    return jnp.einsum("...d,vd->...v", hidden.astype(dt), embed.astype(dt), preferred_element_type=jnp.float32)
+        out = jnp.concatenate([_row_dot("nd,dv->nv", rows, s.astype(dt), 1, row_tile) for s in head], axis=-1)
+    else:
+        out = _row_dot("nd,vd->nv", rows, embed.astype(dt), 1, row_tile)
+    return out[: math.prod(hidden.shape[:-1])].reshape(hidden.shape[:-1] + (out.shape[-1],))
 
 
 def forward_logits(params: Params | DecodeView, cfg: ModelConfig, tokens, positions=None, **kwargs):

@@ -1,0 +1,147 @@
+"""Attention of a block of new tokens over a KV cache: cost that follows the live prefix, and the same
+arithmetic for a token whatever else shares its forward.
+
+Greedy Jacobi decoding is lossless only if a token's logits do not depend on how the token was computed: in
+a one-token AR step or inside a 16-token draft block, next to 0 or 7 recycled candidate rows, in a batch of 1
+or 8 prompts. Dense layers have that property on XLA:CPU for any number of rows >= 2 (the model pads one-row
+calls). Attention is where it breaks when each forward concatenates the cache with its own block: the key
+sequence then has a different length and the new keys sit elsewhere, so the reductions differ. Here the keys
+are cut into fixed chunks of ``CHUNK`` slots *aligned to absolute positions* (chunk c holds positions
+``c*CHUNK ...``), and for every query:
+
+* the softmax maximum is taken over all visible keys (a max is exact in any order);
+* each chunk's exp-sum and probability-weighted value sum are computed with the same shapes per query row;
+* the chunks' partial sums are added in increasing chunk order. A chunk the query cannot see contributes exact
+  zeros, and ``x + 0 == x``, so it does not matter how many invisible chunks a forward carries.
+
+So a query at position p gets the same bits whether its keys past the committed length came from its own
+block or were committed by earlier forwards: AR, Jacobi, multi-block and recycled rows share their arithmetic.
+
+Keys are read in two parts. Part A: the committed chunks strictly below ``lengths // CHUNK`` (the same for
+every row that shares a cache row), read from the cache under a ``lax.switch`` over power-of-two chunk counts,
+so a step costs what the cache holds, not its capacity, and one compiled program serves every length. Part B:
+the *frontier*, the few chunks from ``lengths // CHUNK`` on, where committed keys and the block's new keys
+meet; each query row assembles it from the cache and its own block (nothing else is copied, so R candidate
+rows can share one cache row). The block is written into the cache afterwards by the caller.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+CHUNK = 64
+_MASKED = -1e30  # finite: a query that sees no key at all gets exact zeros instead of NaN
+
+
+def part_a_sizes(capacity: int, chunk: int = CHUNK) -> tuple[int, ...]:
+    """Chunk counts of the committed-prefix programs: 0, 1, 2, 4, ... up to every full chunk of the cache."""
+    top = capacity // chunk
+    sizes, size = [0], 1
+    while size < top:
+        sizes.append(size)
+        size *= 2
+    return tuple(sizes) + ((top,) if top > 0 else ())
+
+
+def _scores(q, keys, shared: bool, scale: float):
+    """q [B, T, K, G, Dh] against keys [Bc, S, K, Dh] -> float32 scores [B, K, G, T, S]."""
+    if shared:  # one cache row for all B query rows: the rows become more rows (M) of one dot per head
+        return jnp.einsum("btkgd,skd->bkgts", q, keys[0], preferred_element_type=jnp.float32) * scale
+    return jnp.einsum("btkgd,bskd->bkgts", q, keys, preferred_element_type=jnp.float32) * scale
+
+
+def _chunk_sums(probs, values, shared: bool, chunk: int):
+    """Per-chunk (exp-sums [B, K, G, T, n], value sums [B, K, G, T, n, Dh]) of probs [B, K, G, T, n*chunk]."""
+    B, K, G, T, S = probs.shape
+    n = S // chunk
+    p = probs.reshape(B, K, G, T, n, chunk)
+    sums = jnp.sum(p, axis=-1)
+    p = p.astype(values.dtype)
+    if shared:
+        v = values[0].reshape(n, chunk, K, -1)
+        acc = jnp.einsum("bkgtnc,nckd->bkgtnd", p, v, preferred_element_type=jnp.float32)
+    else:
+        v = values.reshape(values.shape[0], n, chunk, K, -1)
+        acc = jnp.einsum("bkgtnc,bnckd->bkgtnd", p, v, preferred_element_type=jnp.float32)
+    return sums, acc
+
+
+def _fold(total_l, total_acc, sums, acc):
+    """Adds chunk partials to the running totals one chunk at a time, in chunk order (never as a tree)."""
+    for i in range(sums.shape[-1]):
+        total_l = total_l + sums[..., i]
+        total_acc = total_acc + acc[..., i, :]
+    return total_l, total_acc
+
+
+def cached_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths, *, chunk: int = CHUNK):
+    """Attention of new tokens over the committed cache prefix and each other (causal).
+
+    q: [B, T, H, Dh]; k_new, v_new: [B, T, K, Dh], token i of row b at position ``lengths[b] + i``; new_valid
+    [B, T] bool (False: a padding token, never attended). cache_k, cache_v: [Bc, S, K, Dh] with Bc == B, or
+    Bc == 1 for a cache row shared by every query row; lengths: [Bc] committed slots. Returns [B, T, H, Dh] in
+    q's dtype; a query that sees no key (none exists for valid queries) gets zeros.
+    """
+    B, T, H, Dh = q.shape
+    Bc, S, K, _ = cache_k.shape
+    if Bc not in (1, B):
+        raise ValueError(f"cache has {Bc} rows for {B} query rows (expected 1 or {B})")
+    shared = Bc == 1 and B > 1
+    G = H // K
+    scale = 1.0 / math.sqrt(Dh)
+    qg = q.reshape(B, T, K, G, Dh)
+    lengths = jnp.broadcast_to(jnp.asarray(lengths, jnp.int32), (Bc,))
+    row_len = jnp.broadcast_to(lengths, (B,))
+    first = row_len // chunk  # [B] first frontier chunk
+    q_pos = row_len[:, None] + jnp.arange(T, dtype=jnp.int32)  # [B, T]
+
+    # Part B: the frontier chunks, assembled per row from the cache (below its length) and its own block.
+    frontier = -(-(chunk - 1 + T) // chunk)
+    idx = first[:, None] * chunk + jnp.arange(frontier * chunk, dtype=jnp.int32)  # [B, F] absolute slots
+    rel = idx - row_len[:, None]
+    from_block = (rel >= 0) & (rel < T)
+    take_block = jnp.clip(rel, 0, T - 1)
+    cache_rows = jnp.zeros((B,), jnp.int32) if Bc == 1 else jnp.arange(B)
+    take_cache = jnp.clip(idx, 0, S - 1)
+
+    def assemble(new, cached):
+        mine = jnp.take_along_axis(new, take_block[:, :, None, None], axis=1)
+        old = cached[cache_rows[:, None], take_cache]
+        return jnp.where(from_block[:, :, None, None], mine, old)
+
+    keys_b, values_b = assemble(k_new, cache_k), assemble(v_new, cache_v)
+    key_ok = (idx < row_len[:, None]) | (from_block & jnp.take_along_axis(new_valid, take_block, axis=1))
+    vis_b = (key_ok[:, None, :] & (idx[:, None, :] <= q_pos[:, :, None]))[:, None, None]  # [B, 1, 1, T, F]
+    s_b = jnp.where(vis_b, _scores(qg, keys_b, False, scale), _MASKED)
+    m_b = jnp.max(s_b, axis=-1)
+
+    # Part A: whole committed chunks below each row's frontier, under a switch over power-of-two chunk counts.
+    sizes = part_a_sizes(S, chunk)
+    zeros_l = jnp.zeros((B, K, G, T), jnp.float32)
+    zeros_acc = jnp.zeros((B, K, G, T, Dh), jnp.float32)
+
+    def part_a(n: int):
+        def run(m_b):
+            if n == 0:
+                return m_b, zeros_l, zeros_acc
+            slots = jnp.arange(n * chunk, dtype=jnp.int32)
+            vis = (slots[None, :] < first[:, None] * chunk)[:, None, None, None, :]  # [B, 1, 1, 1, n*chunk]
+            s = jnp.where(vis, _scores(qg, cache_k[:, : n * chunk], shared, scale), _MASKED)
+            m = jnp.maximum(m_b, jnp.max(s, axis=-1))
+            p = jnp.where(vis, jnp.exp(s - m[..., None]), 0.0)
+            sums, acc = _chunk_sums(p, cache_v[:, : n * chunk], shared, chunk)
+            return (m,) + _fold(zeros_l, zeros_acc, sums, acc)
+        return run
+
+    need = jnp.max(first)
+    branch = jnp.sum(jnp.asarray(sizes[1:], jnp.int32) < need) + jnp.where(need > 0, 1, 0)
+    m, total_l, total_acc = jax.lax.switch(branch, [part_a(n) for n in sizes], m_b)
+
+    p_b = jnp.where(vis_b, jnp.exp(s_b - m[..., None]), 0.0)
+    sums, acc = _chunk_sums(p_b, values_b, False, chunk)
+    total_l, total_acc = _fold(total_l, total_acc, sums, acc)
+    out = total_acc / jnp.where(total_l > 0, total_l, 1.0)[..., None]  # [B, K, G, T, Dh]
+    return out.transpose(0, 3, 1, 2, 4).reshape(B, T, H, Dh).astype(q.dtype)

@@ -1,0 +1,112 @@
+"""``model.cached_attention``: the same numbers as the reference attention over cache ++ block, and the same *bits*
+for a query however its forward is shaped (block size, split of the block, rows sharing the cache, batch).
+
+The bitwise checks run on a model of SmolLM2-135M's layer shapes, where XLA:CPU hands large reductions to
+YNNPACK unless ``jf_jax.xla_flags`` keeps it to dots: they fail without that flag (checked when it was added).
+"""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from jf_jax import xla_flags
+from jf_jax.model.cached_attention import CHUNK, cached_attention, part_a_sizes
+from jf_jax.model.config import ModelConfig
+from jf_jax.model.decode_view import decode_view
+from jf_jax.model.kv_cache import KVCache
+from jf_jax.model.params import cast_params, init_params
+from jf_jax.model.token_meta import cache_key_meta, causal_meta, concat_meta
+from jf_jax.model.transformer import forward, forward_shared_prefix, logits
+from pallas_kernels import attention_reference
+
+
+def test_part_a_programs_cover_every_length():
+    assert part_a_sizes(400, 64) == (0, 1, 2, 4, 6)
+    assert part_a_sizes(63, 64) == (0,)
+    assert part_a_sizes(512, 64) == (0, 1, 2, 4, 8)
+
+
+def _reference(q, k_new, v_new, valid, cache_k, cache_v, lengths):
+    B, T = q.shape[:2]
+    S = cache_k.shape[1]
+    cache_k, cache_v = (jnp.broadcast_to(c, (B,) + c.shape[1:]) for c in (cache_k, cache_v))
+    lengths = jnp.broadcast_to(lengths, (B,))
+    q_meta = causal_meta(lengths[:, None] + jnp.arange(T), valid=valid)
+    k_meta = concat_meta(cache_key_meta(lengths, S), q_meta)
+    return attention_reference(q, jnp.concatenate([cache_k, k_new], 1), jnp.concatenate([cache_v, v_new], 1),
+                               q_meta, k_meta)
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(rows=st.integers(1, 3), shared=st.booleans(), T=st.sampled_from([1, 2, 5, 16, 70]),
+       capacity=st.sampled_from([80, 200]), data=st.data())
+def test_matches_reference_attention(rows, shared, T, capacity, data):
+    rng = np.random.default_rng(data.draw(st.integers(0, 1000)))
+    H, K, Dh = 4, 2, 8
+    Bc = 1 if shared else rows
+    lengths = np.asarray([data.draw(st.integers(0, capacity)) for _ in range(Bc)], np.int32)
+    valid = np.ones((rows, T), bool)
+    valid[:, data.draw(st.integers(1, T)):] = False  # trailing padding, as drafts have
+    q, k_new, v_new = (jnp.asarray(rng.standard_normal((rows, T, h, Dh)), jnp.float32) for h in (H, K, K))
+    cache_k, cache_v = (jnp.asarray(rng.standard_normal((Bc, capacity, K, Dh)), jnp.float32) for _ in range(2))
+    got = jax.jit(cached_attention)(q, k_new, v_new, valid, cache_k, cache_v, lengths)
+    want = _reference(q, k_new, v_new, valid, cache_k, cache_v, lengths)
+    np.testing.assert_allclose(np.asarray(got)[valid], np.asarray(want)[valid], rtol=2e-5, atol=2e-5)
+
+
+def test_rejects_a_cache_with_the_wrong_number_of_rows():
+    q = jnp.zeros((3, 2, 4, 8))
+    with pytest.raises(ValueError, match="cache has 2 rows for 3 query rows"):
+        cached_attention(q, q[:, :, :2], q[:, :, :2], jnp.ones((3, 2), bool), jnp.zeros((2, 8, 2, 8)),
+                         jnp.zeros((2, 8, 2, 8)), jnp.zeros((2,), jnp.int32))
+
+
+# SmolLM2-135M's layer shapes (2 layers, a small vocabulary): big enough for XLA:CPU's size-dependent choices.
+MID = ModelConfig(architecture="llama", vocab_size=512, hidden_size=576, intermediate_size=1536, num_layers=2,
+                  num_heads=9, num_kv_heads=3, head_dim=64, rope_theta=10000.0, rms_norm_eps=1e-5,
+                  max_position_embeddings=2048, attention_bias=False, tie_word_embeddings=True)
+
+
+def test_the_batch_invariance_flag_is_in_force():
+    assert xla_flags.BATCH_INVARIANT in os.environ.get("XLA_FLAGS", "").split()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_token_gets_the_same_bits_however_its_forward_is_shaped(dtype):
+    cfg = MID.replace(dtype=dtype)
+    params = decode_view(cast_params(init_params(cfg, jax.random.PRNGKey(0)), cfg.compute_dtype), column_shards=2)
+    rng = np.random.default_rng(1)
+    P, N = CHUNK - 4, 16  # the block crosses a chunk boundary
+    prompt = rng.integers(0, cfg.vocab_size, (1, P)).astype(np.int32)
+    cont = rng.integers(0, cfg.vocab_size, (1, N)).astype(np.int32)
+
+    @jax.jit
+    def block_logits(tokens, cache):
+        hidden, cache = forward(params, cfg, tokens, cache=cache)
+        return logits(params, cfg, hidden), cache
+
+    _, cache0 = block_logits(prompt, KVCache.init(cfg, 1, 256))
+    cache0 = cache0.commit(P)
+
+    steps, cache = [], cache0  # one token per forward, as AR decodes
+    for i in range(N):
+        out, cache = block_logits(cont[:, i:i + 1], cache)
+        steps.append(np.asarray(out[0, 0]))
+        cache = cache.commit(1)
+    steps = np.stack(steps)
+
+    whole, _ = block_logits(cont, cache0)
+    np.testing.assert_array_equal(np.asarray(whole[0]), steps)
+
+    first, cache = block_logits(cont[:, :5], cache0)  # a block split 5 + 11, as partial acceptance does
+    rest, _ = block_logits(cont[:, 5:], cache.commit(5))
+    np.testing.assert_array_equal(np.concatenate([first[0], rest[0]]), steps)
+
+    other = rng.integers(0, cfg.vocab_size, (2, N)).astype(np.int32)  # recycled candidate rows beside the draft
+    hidden, _, _ = jax.jit(lambda t, c: forward_shared_prefix(params, cfg, t, c))(
+        np.concatenate([other[:1], cont, other[1:]]), cache0)
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda h: logits(params, cfg, h))(hidden[1])), steps)
