@@ -59,12 +59,16 @@ def load_model(spec: str = DEFAULT_MODEL, dtype: str = "float32", column_shards:
     """Loads weights, config and tokenizer from ``spec``: "smollm2-135m", a HF directory or a .gguf file.
 
     The parameters are returned in the decoders' view (``model.decode_view.DecodeView``: layers unstacked,
-    matmul weights split in ``column_shards`` shards, default one per CPU core);
-    ``model.decode_view.stacked_params`` gives back the stacked training layout.
+    matmul weights split in ``column_shards`` shards, default one per CPU core); in bfloat16, when the
+    ``cpu_kernels`` GEMM can run here and no ``column_shards`` are asked for, the matmul weights are packed for
+    it instead. ``model.decode_view.stacked_params`` gives back the stacked training layout.
     """
+    import cpu_kernels
     from jf_jax import weights  # deferred: it pulls in gguf / safetensors / orbax
 
     loaded = weights.load(spec, dtype=dtype)
+    if dtype == "bfloat16" and column_shards is None and cpu_kernels.available():
+        return dataclasses.replace(loaded, params=decode_view(loaded.params, pack=True))
     shards = default_column_shards() if column_shards is None else column_shards
     return dataclasses.replace(loaded, params=decode_view(loaded.params, column_shards=shards))
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+import cpu_kernels
 from jf_jax import xla_flags
 from jf_jax.model.cached_attention import CHUNK, cached_attention, part_a_sizes
 from jf_jax.model.config import ModelConfig
@@ -75,10 +76,13 @@ def test_the_batch_invariance_flag_is_in_force():
     assert xla_flags.BATCH_INVARIANT in os.environ.get("XLA_FLAGS", "").split()
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_a_token_gets_the_same_bits_however_its_forward_is_shaped(dtype):
+@pytest.mark.parametrize("dtype,pack", [("float32", False), ("bfloat16", False), ("bfloat16", True)])
+def test_a_token_gets_the_same_bits_however_its_forward_is_shaped(dtype, pack):
+    if pack and not cpu_kernels.available():
+        pytest.skip(f"packed weights need the bf16 GEMM kernel: {cpu_kernels.unavailable_reason()}")
     cfg = MID.replace(dtype=dtype)
-    params = decode_view(cast_params(init_params(cfg, jax.random.PRNGKey(0)), cfg.compute_dtype), column_shards=2)
+    params = cast_params(init_params(cfg, jax.random.PRNGKey(0)), cfg.compute_dtype)
+    params = decode_view(params, pack=True) if pack else decode_view(params, column_shards=2)
     rng = np.random.default_rng(1)
     P, N = CHUNK - 4, 16  # the block crosses a chunk boundary
     prompt = rng.integers(0, cfg.vocab_size, (1, P)).astype(np.int32)

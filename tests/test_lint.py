@@ -8,10 +8,10 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 # Layers of the package, lowest first: a module may import its own package and any lower layer, never a higher
-# one (cli -> api -> decoding / training / tuning -> model / weights / data -> pallas_kernels). Layers on one
-# rank are independent of each other.
+# one (cli -> api -> decoding / training / tuning -> model / weights / data -> pallas_kernels / cpu_kernels).
+# Layers on one rank are independent of each other.
 RANKS = {
-    "pallas_kernels": 0, "jf_jax.xla_flags": 0,
+    "pallas_kernels": 0, "cpu_kernels": 0, "jf_jax.xla_flags": 0,
     "jf_jax.model": 1,
     "jf_jax.weights": 2, "jf_jax.data": 2,
     "jf_jax.decoding": 3, "jf_jax.training": 3,
@@ -19,6 +19,7 @@ RANKS = {
     "jf_jax.api": 5, "jf_jax": 5,  # the package's __init__ re-exports the api
     "jf_jax.cli": 6, "jf_jax.decode": 7,
 }
+PACKAGES = ("jf_jax", "pallas_kernels", "cpu_kernels")
 
 
 def layer_of(module: str) -> str:
@@ -30,7 +31,7 @@ def layer_of(module: str) -> str:
 
 
 def project_modules():
-    for path in sorted((ROOT / "jf_jax").rglob("*.py")) + sorted((ROOT / "pallas_kernels").rglob("*.py")):
+    for path in [p for package in PACKAGES for p in sorted((ROOT / package).rglob("*.py"))]:
         parts = list(path.relative_to(ROOT).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
@@ -49,12 +50,12 @@ def imported_modules(path: pathlib.Path, known: set[str]):
         else:
             continue
         for name in names:
-            if name.split(".")[0] in ("jf_jax", "pallas_kernels"):
+            if name.split(".")[0] in PACKAGES:
                 yield name
 
 
 def test_ruff_check_passes():
-    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "jf_jax", "pallas_kernels", "tests", "experiments"],
+    proc = subprocess.run([sys.executable, "-m", "ruff", "check", *PACKAGES, "tests", "experiments"],
                           cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 

@@ -18,11 +18,15 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from cpu_kernels import PackedWeight, pack_weight
+from cpu_kernels.bf16_gemm import unpack_weight
 from jf_jax.model.config import ModelConfig
 from jf_jax.model.params import Params
 
-# Weights that multiply activations as ``x @ w`` with the output on w's last axis: the ones split into shards.
+# Weights that multiply activations as ``x @ w`` with the output on w's last axis: the ones split into shards
+# (or packed), with how many leading axes of each are contracted.
 MATMUL_WEIGHTS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+CONTRACTED_AXES = {"wq": 1, "wk": 1, "wv": 1, "wo": 2, "w_gate": 1, "w_up": 1, "w_down": 1}
 
 Shards = tuple  # tuple[jax.Array, ...]: one weight split along its last (output) axis
 
@@ -35,11 +39,12 @@ class DecodeView:
     embed: jax.Array
     """[V, D] token embedding."""
     layers: tuple[dict, ...]
-    """One dict per layer: norms and biases as arrays, ``MATMUL_WEIGHTS`` as ``Shards``."""
+    """One dict per layer: norms and biases as arrays, ``MATMUL_WEIGHTS`` as ``Shards`` or ``PackedWeight``."""
     final_norm: jax.Array
     """[D]."""
-    lm_head: Shards | None
-    """[D, V] output projection as shards; None for tied embeddings held unsplit (the embedding is reused)."""
+    lm_head: Shards | PackedWeight | None
+    """[D, V] output projection as shards or packed; None for tied embeddings held unsplit (the embedding is
+    reused)."""
     column_shards: int = dataclasses.field(default=1, metadata=dict(static=True))
 
     @property
@@ -51,22 +56,32 @@ def _split(w, n: int) -> Shards:
     return tuple(jnp.array(s) for s in jnp.array_split(w, n, axis=-1))
 
 
-def decode_view(params: Params | DecodeView, column_shards: int = 1) -> DecodeView:
+def decode_view(params: Params | DecodeView, column_shards: int = 1, pack: bool = False) -> DecodeView:
     """The decode view of the declared (stacked) ``params``; a ``DecodeView`` is returned unchanged.
 
     With ``column_shards`` > 1 the output projection is split too (for tied embeddings: a transposed copy of
-    the embedding, the price of using every core for the largest matmul of a step).
+    the embedding, the price of using every core for the largest matmul of a step). With ``pack`` every matmul
+    weight, the output projection included, is packed for ``cpu_kernels.gemm`` (bfloat16; the kernel uses every
+    core itself, so ``column_shards`` must be 1).
     """
     if isinstance(params, DecodeView):
         return params
     if not isinstance(column_shards, int) or column_shards < 1:
         raise ValueError(f"column_shards must be a positive integer, got {column_shards!r}")
+    if pack and column_shards != 1:
+        raise ValueError("packed weights are not split in column shards (the kernel threads itself)")
     stacked = params["layers"]
     num_layers = next(iter(stacked.values())).shape[0]
-    layers = tuple({k: _split(v[i], column_shards) if k in MATMUL_WEIGHTS else v[i] for k, v in stacked.items()}
+
+    def matmul(name: str, w):
+        return pack_weight(w, CONTRACTED_AXES[name]) if pack else _split(w, column_shards)
+
+    layers = tuple({k: matmul(k, v[i]) if k in MATMUL_WEIGHTS else v[i] for k, v in stacked.items()}
                    for i in range(num_layers))
     if "lm_head" in params:
-        lm_head = _split(params["lm_head"], column_shards)
+        lm_head = pack_weight(params["lm_head"]) if pack else _split(params["lm_head"], column_shards)
+    elif pack:
+        lm_head = pack_weight(params["embed"].T)
     else:
         lm_head = _split(params["embed"].T, column_shards) if column_shards > 1 else None
     return DecodeView(embed=params["embed"], layers=layers, final_norm=params["final_norm"], lm_head=lm_head,
@@ -77,7 +92,11 @@ def stacked_params(params: Params | DecodeView, cfg: ModelConfig) -> Params:
     """The declared layout of ``params`` (a stacked tree is returned unchanged): the inverse of ``decode_view``."""
     if not isinstance(params, DecodeView):
         return params
-    join = lambda shards: jnp.concatenate(shards, axis=-1) if len(shards) > 1 else shards[0]  # noqa: E731
+    def join(w):
+        if isinstance(w, PackedWeight):
+            return unpack_weight(w)
+        return jnp.concatenate(w, axis=-1) if len(w) > 1 else w[0]
+
     layers = {k: jnp.stack([join(layer[k]) if k in MATMUL_WEIGHTS else layer[k] for layer in params.layers])
               for k in params.layers[0]}
     out = {"embed": params.embed, "layers": layers, "final_norm": params.final_norm}

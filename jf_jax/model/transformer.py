@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from jf_jax.model.config import ModelConfig
 from jf_jax.model.decode_view import MATMUL_WEIGHTS, DecodeView, Shards
 from jf_jax.model.kv_cache import KVCache
+from cpu_kernels import PackedWeight, gemm
 from jf_jax.model.cached_attention import cached_attention
 from jf_jax.model.token_meta import causal_meta
 from jf_jax.model.params import Params
@@ -85,14 +86,16 @@ def _row_dot(equation: str, x, w, lead: int, row_tile: int | None):
     return tiles.reshape(x.shape[:lead] + tiles.shape[1:])
 
 
-def dense(equation: str, x, shards: Shards, dtype, row_tile: int | None = None):
+def dense(equation: str, x, shards: Shards | PackedWeight, dtype, row_tile: int | None = None):
     """``einsum(equation, x, w)`` accumulated in float32, for ``w`` given as ``Shards``: one weight split along
-    its last axis (a 1-tuple when unsplit), concatenated back. ``equation`` names x's two leading (row) axes
-    first; ``row_tile`` (see ``ROW_TILES``) bounds the rows of one dot.
+    its last axis (a 1-tuple when unsplit), concatenated back; or packed for ``cpu_kernels.gemm`` (bfloat16).
+    ``equation`` names x's two leading (row) axes first; ``row_tile`` (see ``ROW_TILES``) bounds the rows of one dot.
 
     The shards' dots are independent, so XLA's CPU runtime runs them on different cores: a one-token step is
     a chain of matrix-vector products, and one XLA dot runs on a single core.
     """
+    if isinstance(shards, PackedWeight):
+        return gemm(x, shards)
     outs = [_row_dot(equation, x, s.astype(dtype), 2, row_tile) for s in shards]
     return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=-1)
 
@@ -248,7 +251,9 @@ def logits(params: Params | DecodeView, cfg: ModelConfig, hidden):
     if rows.shape[0] == 1:
         rows = jnp.concatenate([rows, rows])
     row_tile = _decode_row_tile(params, cfg)
-    if head is not None:
+    if isinstance(head, PackedWeight):
+        out = gemm(rows, head)
+    elif head is not None:
         out = jnp.concatenate([_row_dot("nd,dv->nv", rows, s.astype(dt), 1, row_tile) for s in head], axis=-1)
     else:
         out = _row_dot("nd,vd->nv", rows, embed.astype(dt), 1, row_tile)
