@@ -6,24 +6,22 @@ weight to float32 first (~1.5 GB/s). Packed once at load time in the register la
 the kernel reads weights at ~30 GB/s for 1-8 rows (measured on the 2-core dev machine: 54 us vs 136 us for a
 576x1536 weight at 2 rows), and its rows never depend on each other (batch invariance, see the .cc file).
 
-``gemm`` runs the kernel when ``available()`` (library built by ``python -m cpu_kernels.build``, a CPU with
+``gemm`` runs the kernel when ``library.available()`` (built by ``python -m cpu_kernels.build``, a CPU with
 AVX512-BF16, JAX on CPU) and ``gemm_reference`` otherwise: the same product through XLA's own dot, which on
 this machine gives the very same bits (a test checks both agree).
 """
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
-import functools
 import math
-import pathlib
 
 import jax
 import jax.numpy as jnp
 
+from cpu_kernels import library
+
 TILE = 16  # output columns per AVX512 register of float32 lanes
-LIBRARY = pathlib.Path(__file__).resolve().parent / "_build" / "libjf_bf16_gemm.so"
 TARGET = "jf_bf16_gemm"
 
 
@@ -65,28 +63,6 @@ def unpack_weight(p: PackedWeight):
     return w2.reshape(p.in_shape + p.out_shape)
 
 
-@functools.cache
-def unavailable_reason() -> str | None:
-    """Why ``gemm`` falls back to XLA (None when the kernel runs)."""
-    if jax.default_backend() != "cpu":
-        return f"JAX runs on {jax.default_backend()}, the kernel is for CPUs"
-    try:
-        flags = pathlib.Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "cannot read /proc/cpuinfo to check for AVX512-BF16"
-    if "avx512_bf16" not in flags:
-        return "this CPU has no AVX512-BF16"
-    if not LIBRARY.exists():
-        return f"{LIBRARY} is not built (python -m cpu_kernels.build)"
-    library = ctypes.cdll.LoadLibrary(str(LIBRARY))
-    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.JfBf16Gemm), platform="cpu")
-    return None
-
-
-def available() -> bool:
-    return unavailable_reason() is None
-
-
 def _flat(x, p: PackedWeight):
     lead = x.shape[: x.ndim - len(p.in_shape)]
     if x.shape[len(lead):] != p.in_shape:
@@ -104,7 +80,7 @@ def gemm_reference(x, p: PackedWeight):
 def gemm(x, p: PackedWeight):
     """``x @ w`` in float32 (x cast to bf16, contracting its trailing ``p.in_shape`` axes): the kernel when
     ``available()``, else ``gemm_reference``."""
-    if not available():
+    if not library.available():
         return gemm_reference(x, p)
     lead, x2 = _flat(x, p)
     rows = x2.shape[0]

@@ -5,6 +5,7 @@ The bitwise checks run on a model of SmolLM2-135M's layer shapes, where XLA:CPU 
 YNNPACK unless ``jf_jax.xla_flags`` keeps it to dots: they fail without that flag (checked when it was added).
 """
 
+import functools
 import os
 
 import jax
@@ -54,7 +55,8 @@ def test_matches_reference_attention(rows, shared, T, capacity, data):
     valid[:, data.draw(st.integers(1, T)):] = False  # trailing padding, as drafts have
     q, k_new, v_new = (jnp.asarray(rng.standard_normal((rows, T, h, Dh)), jnp.float32) for h in (H, K, K))
     cache_k, cache_v = (jnp.asarray(rng.standard_normal((Bc, capacity, K, Dh)), jnp.float32) for _ in range(2))
-    got = jax.jit(cached_attention)(q, k_new, v_new, valid, cache_k, cache_v, lengths)
+    got = jax.jit(functools.partial(cached_attention, use_kernel=False))(q, k_new, v_new, valid, cache_k, cache_v,
+                                                                        lengths)
     want = _reference(q, k_new, v_new, valid, cache_k, cache_v, lengths)
     np.testing.assert_allclose(np.asarray(got)[valid], np.asarray(want)[valid], rtol=2e-5, atol=2e-5)
 
@@ -76,10 +78,13 @@ def test_the_batch_invariance_flag_is_in_force():
     assert xla_flags.BATCH_INVARIANT in os.environ.get("XLA_FLAGS", "").split()
 
 
+@pytest.mark.parametrize("kernels", [False, True], ids=["plain-jax", "cpu-kernels"])
 @pytest.mark.parametrize("dtype,pack", [("float32", False), ("bfloat16", False), ("bfloat16", True)])
-def test_a_token_gets_the_same_bits_however_its_forward_is_shaped(dtype, pack):
-    if pack and not cpu_kernels.available():
-        pytest.skip(f"packed weights need the bf16 GEMM kernel: {cpu_kernels.unavailable_reason()}")
+def test_a_token_gets_the_same_bits_however_its_forward_is_shaped(dtype, pack, kernels, monkeypatch):
+    if kernels and not cpu_kernels.available():
+        pytest.skip(f"the CPU kernels cannot run here: {cpu_kernels.unavailable_reason()}")
+    if not kernels:  # the plain-JAX twins (attention; XLA's dot for packed weights) must be invariant too
+        monkeypatch.setattr(cpu_kernels.library, "available", lambda: False)
     cfg = MID.replace(dtype=dtype)
     params = cast_params(init_params(cfg, jax.random.PRNGKey(0)), cfg.compute_dtype)
     params = decode_view(params, pack=True) if pack else decode_view(params, column_shards=2)

@@ -12,6 +12,7 @@ import pytest
 
 import cpu_kernels
 from cpu_kernels.bf16_gemm import unpack_weight
+from jf_jax.model.cached_attention import cached_attention
 from jf_jax.model.decode_view import decode_view, stacked_params
 from jf_jax.model.params import cast_params, init_params
 from jf_jax.model.transformer import forward_logits
@@ -63,3 +64,37 @@ def test_packing_refuses_column_shards():
     params = init_params(MID, jax.random.PRNGKey(0))
     with pytest.raises(ValueError, match="not split in column shards"):
         decode_view(params, column_shards=2, pack=True)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_attention_kernel_matches_its_jax_twin_and_is_batch_invariant(dtype):
+    rng = np.random.default_rng(3)
+    dt = jnp.dtype(dtype)
+    S, L, N = 160, 70, 12
+
+    def arr(*shape):
+        return jnp.asarray(rng.standard_normal(shape), dt)
+
+    cache_k, cache_v = arr(1, S, 3, 64), arr(1, S, 3, 64)
+    q, k, v = arr(1, N, 9, 64), arr(1, N, 3, 64), arr(1, N, 3, 64)
+    lengths = jnp.asarray([L], jnp.int32)
+    kernel = jax.jit(cpu_kernels.decode_attention)
+    full = np.asarray(kernel(q, k, v, np.ones((1, N), bool), cache_k, cache_v, lengths))
+    twin = jax.jit(lambda *a: cached_attention(*a, use_kernel=False))
+    want = np.asarray(twin(q, k, v, np.ones((1, N), bool), cache_k, cache_v, lengths).astype(jnp.float32))
+    np.testing.assert_allclose(full, want, rtol=1e-5 if dtype == "float32" else 2e-2,
+                               atol=1e-5 if dtype == "float32" else 2e-2)
+    # The first 5 tokens alone, then the other 7 over a cache that holds the first 5: the same bits.
+    first = np.asarray(kernel(q[:, :5], k[:, :5], v[:, :5], np.ones((1, 5), bool), cache_k, cache_v, lengths))
+    cache_k2 = cache_k.at[:, L:L + 5].set(k[:, :5])
+    cache_v2 = cache_v.at[:, L:L + 5].set(v[:, :5])
+    rest = np.asarray(kernel(q[:, 5:], k[:, 5:], v[:, 5:], np.ones((1, 7), bool), cache_k2, cache_v2, lengths + 5))
+    np.testing.assert_array_equal(np.concatenate([first, rest], axis=1), full)
+    # Beside two other rows sharing the cache row, with trailing padding: the same bits, zeros for padding.
+    rows = lambda x: jnp.concatenate([x[:, ::-1], x, x[:, ::-1]])  # noqa: E731
+    valid = np.ones((3, N), bool)
+    valid[0, 8:] = False
+    shared = np.asarray(kernel(rows(q), rows(k), rows(v), valid, cache_k, cache_v, lengths))
+    np.testing.assert_array_equal(shared[1], full[0])
+    assert not shared[0, 8:].any()

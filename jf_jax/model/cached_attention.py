@@ -32,6 +32,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+import cpu_kernels
+
 CHUNK = 64
 _MASKED = -1e30  # finite: a query that sees no key at all gets exact zeros instead of NaN
 
@@ -77,18 +79,25 @@ def _fold(total_l, total_acc, sums, acc):
     return total_l, total_acc
 
 
-def cached_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths, *, chunk: int = CHUNK):
+def cached_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths, *, chunk: int = CHUNK,
+                     use_kernel: bool = True):
     """Attention of new tokens over the committed cache prefix and each other (causal).
 
     q: [B, T, H, Dh]; k_new, v_new: [B, T, K, Dh], token i of row b at position ``lengths[b] + i``; new_valid
     [B, T] bool (False: a padding token, never attended). cache_k, cache_v: [Bc, S, K, Dh] with Bc == B, or
     Bc == 1 for a cache row shared by every query row; lengths: [Bc] committed slots. Returns [B, T, H, Dh] in
     q's dtype; a query that sees no key (none exists for valid queries) gets zeros.
+
+    On CPUs where ``cpu_kernels`` run (and ``use_kernel``), the same semantics come from
+    ``cpu_kernels.decode_attention``, also batch-invariant by construction (blocks of 16 keys, online softmax):
+    the code below is then its plain-JAX twin, which every other backend runs.
     """
     B, T, H, Dh = q.shape
     Bc, S, K, _ = cache_k.shape
     if Bc not in (1, B):
         raise ValueError(f"cache has {Bc} rows for {B} query rows (expected 1 or {B})")
+    if use_kernel and cpu_kernels.library.available() and cpu_kernels.attention_supports(Dh, q.dtype):
+        return cpu_kernels.decode_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths).astype(q.dtype)
     shared = Bc == 1 and B > 1
     G = H // K
     scale = 1.0 / math.sqrt(Dh)
