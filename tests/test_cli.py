@@ -48,8 +48,14 @@ def test_txt_prompts_and_no_chat(tiny_gguf, tmp_path):
     out = tmp_path / "r.json"
     assert decode.main(["--model", tiny_gguf, "--prompts", str(prompts), "--no-chat", "--max-new-tokens", "3",
                         "--json", str(out)]) == 0
-    runs = json.loads(out.read_text())["runs"]
-    assert [r["prompt"] for r in runs] == ["abc", "bca"]
+    report = json.loads(out.read_text())
+    runs = report["runs"]
+    # The first screen: ar and jacobi by default, in bfloat16, with the speedup of each against AR.
+    assert [(r["method"], r["prompt"]) for r in runs] == [("ar", "abc"), ("ar", "bca"), ("jacobi", "abc"),
+                                                          ("jacobi", "bca")]
+    assert report["settings"]["dtype"] == "bfloat16" and report["settings"]["block_size"] == 8
+    assert [r["token_ids"] for r in runs[2:]] == [r["token_ids"] for r in runs[:2]]
+    assert "speedup_vs_ar" in report["summary"]["jacobi"]
 
 
 @pytest.mark.parametrize("args, message", [
