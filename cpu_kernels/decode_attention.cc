@@ -114,6 +114,47 @@ inline void TransposeKeys(const float* const keys[kBlock], int64_t Dh, float* kt
   }
 }
 
+constexpr int kScoreRows = 4;  // query rows whose scores share each key load (four independent FMA chains)
+constexpr int kValueRows = 2;  // query rows whose value sums share each value load
+
+// scores[r * 16 + j] = scale * q_r . key_j for the rows ``rows[0..nr)`` (one FMA chain over d per row, in order).
+inline void ScoreRows(const float* q, const int64_t* rows, int nr, const float* kt, int64_t Dh, float scale,
+                      float* scores) {
+  __m512 s[kScoreRows];
+  const float* qr[kScoreRows];
+  for (int r = 0; r < kScoreRows; ++r) {
+    s[r] = _mm512_setzero_ps();
+    qr[r] = q + rows[r < nr ? r : 0] * Dh;
+  }
+  for (int64_t d = 0; d < Dh; ++d) {
+    const __m512 kv = _mm512_loadu_ps(kt + d * kBlock);
+    for (int r = 0; r < kScoreRows; ++r) s[r] = _mm512_fmadd_ps(_mm512_set1_ps(qr[r][d]), kv, s[r]);
+  }
+  for (int r = 0; r < nr; ++r) _mm512_storeu_ps(scores + r * kBlock, _mm512_mul_ps(s[r], _mm512_set1_ps(scale)));
+}
+
+// acc_r[d0 : d0 + 64] = alpha_r * acc_r + sum over visible keys j (in order) of p_r[j] * value_j, for up to
+// kValueRows rows at once (a row's own sequence of operations does not depend on its neighbours).
+inline void ValueRows(const float* probs, const __mmask16* masks, const int64_t* rows, const float* alphas, int nr,
+                      const float* vt, int64_t Dh, int64_t d0, float* acc) {
+  const int lanes = Dh - d0 >= 64 ? 4 : int((Dh - d0) / 16);
+  __m512 o[kValueRows][4];
+  for (int r = 0; r < nr; ++r)
+    for (int u = 0; u < lanes; ++u)
+      o[r][u] = _mm512_mul_ps(_mm512_loadu_ps(acc + rows[r] * Dh + d0 + 16 * u), _mm512_set1_ps(alphas[r]));
+  for (int jj = 0; jj < kBlock; ++jj) {
+    __m512 v[4];
+    for (int u = 0; u < lanes; ++u) v[u] = _mm512_loadu_ps(vt + jj * Dh + d0 + 16 * u);
+    for (int r = 0; r < nr; ++r) {
+      if (!(masks[r] & (1u << jj))) continue;
+      const __m512 pb = _mm512_set1_ps(probs[r * kBlock + jj]);
+      for (int u = 0; u < lanes; ++u) o[r][u] = _mm512_fmadd_ps(pb, v[u], o[r][u]);
+    }
+  }
+  for (int r = 0; r < nr; ++r)
+    for (int u = 0; u < lanes; ++u) _mm512_storeu_ps(acc + rows[r] * Dh + d0 + 16 * u, o[r][u]);
+}
+
 template <typename E>
 struct Args {
   const E *q, *k_new, *v_new, *cache_k, *cache_v;
@@ -173,15 +214,9 @@ void AttendItem(const Args<E>& a, int64_t b, int64_t kh, int64_t t0, int64_t t1)
         act_mask[active++] = mask;
       }
     }
-    for (int64_t i = 0; i < active; ++i) {
-      const float* qr = q.data() + act_row[i] * Dh;
-      // Four independent chains over d (mod 4), summed in a fixed order.
-      __m512 s4[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-      for (int64_t d = 0; d < Dh; d += 4)
-        for (int u = 0; u < 4; ++u)
-          s4[u] = _mm512_fmadd_ps(_mm512_set1_ps(qr[d + u]), _mm512_loadu_ps(&kt[(d + u) * kBlock]), s4[u]);
-      const __m512 s = _mm512_add_ps(_mm512_add_ps(s4[0], s4[1]), _mm512_add_ps(s4[2], s4[3]));
-      _mm512_storeu_ps(&scores[i * kBlock], _mm512_mul_ps(s, _mm512_set1_ps(scale)));
+    for (int64_t i0 = 0; i0 < active; i0 += kScoreRows) {
+      const int nr = active - i0 < kScoreRows ? int(active - i0) : kScoreRows;
+      ScoreRows(q.data(), act_row.data() + i0, nr, kt.data(), Dh, scale, &scores[i0 * kBlock]);
     }
     for (int64_t i = 0; i < active; ++i) {
       const int64_t row = act_row[i];
@@ -194,20 +229,11 @@ void AttendItem(const Args<E>& a, int64_t b, int64_t kh, int64_t t0, int64_t t1)
       m[row] = m_new;
       _mm512_storeu_ps(&scores[i * kBlock], p);
     }
-    for (int64_t i = 0; i < active; ++i) {
-      const float* pj = &scores[i * kBlock];
-      float* ar = acc.data() + act_row[i] * Dh;
-      for (int64_t d0 = 0; d0 < Dh; d0 += 64) {  // up to four independent 16-lane chains of value sums
-        const int lanes = Dh - d0 >= 64 ? 4 : int((Dh - d0) / 16);
-        __m512 o[4];
-        for (int u = 0; u < lanes; ++u) o[u] = _mm512_mul_ps(_mm512_loadu_ps(ar + d0 + 16 * u), _mm512_set1_ps(alphas[i]));
-        for (int jj = 0; jj < kBlock; ++jj) {
-          if (!(act_mask[i] & (1u << jj))) continue;
-          const __m512 pb = _mm512_set1_ps(pj[jj]);
-          for (int u = 0; u < lanes; ++u) o[u] = _mm512_fmadd_ps(pb, _mm512_loadu_ps(&vt[jj * Dh + d0 + 16 * u]), o[u]);
-        }
-        for (int u = 0; u < lanes; ++u) _mm512_storeu_ps(ar + d0 + 16 * u, o[u]);
-      }
+    for (int64_t i0 = 0; i0 < active; i0 += kValueRows) {
+      const int nr = active - i0 < kValueRows ? int(active - i0) : kValueRows;
+      for (int64_t d0 = 0; d0 < Dh; d0 += 64)
+        ValueRows(&scores[i0 * kBlock], act_mask.data() + i0, act_row.data() + i0, alphas.data() + i0, nr, vt.data(),
+                  Dh, d0, acc.data());
     }
   }
   for (int64_t t = t0; t < t1; ++t)
