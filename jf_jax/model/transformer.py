@@ -9,6 +9,7 @@ many tokens or rows share its forward), and their keys/values are written at the
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import jax
@@ -100,6 +101,16 @@ def dense(equation: str, x, shards: Shards | PackedWeight, dtype, row_tile: int 
     return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=-1)
 
 
+def _projections(layer: Params, h, fused: str, names, shapes, equation: str, dtype, row_tile):
+    """The projections ``names`` of the same input ``h`` (shaped [B, T, *shape]): one call of a fused packed
+    weight (``decode_view.FUSED``) when the layer holds it, else one ``dense`` per weight."""
+    if fused not in layer:
+        return [dense(equation, h, layer[n], dtype, row_tile) for n in names]
+    out = gemm(h, layer[fused])
+    ends = list(itertools.accumulate(math.prod(s) for s in shapes))
+    return [part.reshape(h.shape[:2] + s) for part, s in zip(jnp.split(out, ends[:-1], axis=-1), shapes)]
+
+
 def _layer(cfg: ModelConfig, x, layer: Params, rope_tabs, q_meta, cache_kv, mask_kind, row_tile):
     """One decoder layer. x: [B, T, D]; ``cache_kv`` is None (attention among the tokens, by ``q_meta``) or this
     layer's (cached keys, cached values, lengths). Returns the new x and this layer's new (k, v) [B, T, K, Dh]."""
@@ -107,9 +118,8 @@ def _layer(cfg: ModelConfig, x, layer: Params, rope_tabs, q_meta, cache_kv, mask
 
     with jax.named_scope("attention"):
         h = rms_norm(x, layer["attn_norm"], cfg.rms_norm_eps)
-        q = dense("btd,dhk->bthk", h, layer["wq"], dt, row_tile)  # [B, T, H, Dh]
-        k = dense("btd,dhk->bthk", h, layer["wk"], dt, row_tile)  # [B, T, K, Dh]
-        v = dense("btd,dhk->bthk", h, layer["wv"], dt, row_tile)  # [B, T, K, Dh]
+        heads = ((cfg.num_heads, cfg.head_dim), (cfg.num_kv_heads, cfg.head_dim), (cfg.num_kv_heads, cfg.head_dim))
+        q, k, v = _projections(layer, h, "w_qkv", ("wq", "wk", "wv"), heads, "btd,dhk->bthk", dt, row_tile)
         if cfg.attention_bias:
             q = q + layer["bq"].astype(jnp.float32)
             k = k + layer["bk"].astype(jnp.float32)
@@ -126,8 +136,8 @@ def _layer(cfg: ModelConfig, x, layer: Params, rope_tabs, q_meta, cache_kv, mask
 
     with jax.named_scope("mlp"):
         h = rms_norm(x, layer["mlp_norm"], cfg.rms_norm_eps)
-        gate = dense("btd,df->btf", h, layer["w_gate"], dt, row_tile)
-        up = dense("btd,df->btf", h, layer["w_up"], dt, row_tile)
+        ff = ((cfg.intermediate_size,),) * 2
+        gate, up = _projections(layer, h, "w_gate_up", ("w_gate", "w_up"), ff, "btd,df->btf", dt, row_tile)
         act = (jax.nn.silu(gate) * up).astype(dt)
         x = x + dense("btf,fd->btd", act, layer["w_down"], dt, row_tile).astype(dt)
     return x, (k, v)
