@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--methods", default="ar,jacobi", help="comma list of decoding methods, e.g. ar,jacobi,mr")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16",
-                   help="bfloat16 (default: 2.8x float32's AR speed here, and jacobi/mr equal its own AR token for "
+                   help="bfloat16 (default: ~3x float32's AR speed here, and jacobi/mr equal its own AR token for "
                         "token) or float32, the reference")
     p.add_argument("--no-chat", action="store_true", help="do not apply the model's chat template")
     p.add_argument("--json", type=Path, help="write the runs and summary as JSON to this path")
