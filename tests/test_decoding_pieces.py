@@ -145,3 +145,14 @@ def test_prompt_stats_and_summary():
     assert batched["tokens_per_second"] == 2.0 and batched["tokens_per_second_excl_prefill"] == 4.0
     with pytest.raises(ValueError):
         summarize([])
+
+
+def test_greedy_is_argmax_with_ties_to_the_lowest_id():
+    from jf_jax.decoding.common import greedy
+
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((5, 300)).astype(np.float32)
+    logits[1, [7, 40, 299]] = 10.0  # a three-way tie
+    logits[2, :] = 0.0  # all tied
+    np.testing.assert_array_equal(np.asarray(greedy(logits)), np.argmax(logits, axis=-1))
+    assert int(greedy(logits)[1]) == 7 and int(greedy(logits)[2]) == 0
