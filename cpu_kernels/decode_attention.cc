@@ -1,7 +1,7 @@
 // Attention of a decode step's new tokens over a KV cache and each other, as an XLA FFI custom call.
 //
 // Semantics (those of jf_jax.model.cached_attention): row b's token t sits at position lengths[b] + t (cache
-// row 0 is shared by every row when the cache has one row); key j of row b is cache[j] for j < length and the
+// row b // (B / Bc) serves query row b: one cache row may be shared by several query rows); key j of row b is cache[j] for j < length and the
 // row's own new key j - length after that (if valid); a query sees keys j <= its position. Output float32.
 //
 // Why a kernel: the same computation in XLA is ~40 small ops per layer (transposes, masks, reductions,
@@ -166,7 +166,7 @@ struct Args {
 // Queries of tokens [t0, t1) of row b on kv head kh (all G query heads of that kv head).
 template <typename E>
 void AttendItem(const Args<E>& a, int64_t b, int64_t kh, int64_t t0, int64_t t1) {
-  const int64_t G = a.H / a.K, Dh = a.Dh, cb = a.Bc == 1 ? 0 : b;
+  const int64_t G = a.H / a.K, Dh = a.Dh, cb = b / (a.B / a.Bc);
   const int64_t len = a.lengths[cb];
   const int64_t rows = (t1 - t0) * G;
   const float scale = 1.0f / std::sqrt(float(Dh));
@@ -273,9 +273,9 @@ ffi::Error Attend(ffi::ThreadPool pool, ffi::Buffer<DT> q, ffi::Buffer<DT> k_new
             reinterpret_cast<const E*>(v_new.typed_data()), reinterpret_cast<const E*>(cache_k.typed_data()),
             reinterpret_cast<const E*>(cache_v.typed_data()), valid.typed_data(), lengths.typed_data(),
             out->typed_data(), qd[0], qd[1], qd[2], cd[2], qd[3], cd[0], cd[1]};
-  if (a.Dh % 32 || a.H % a.K || (a.Bc != 1 && a.Bc != a.B)) {
+  if (a.Dh % 32 || a.H % a.K || a.Bc < 1 || a.B % a.Bc) {
     return ffi::Error::InvalidArgument("decode_attention: head_dim must be a multiple of 32, heads a multiple of "
-                                       "kv heads, and the cache must have 1 or B rows");
+                                       "kv heads, and the query rows a multiple of the cache rows");
   }
   auto work = std::make_shared<Work<E>>();
   work->a = a;

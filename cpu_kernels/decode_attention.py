@@ -21,8 +21,9 @@ def supports(head_dim: int, dtype) -> bool:
 
 
 def decode_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths):
-    """q [B, T, H, Dh]; k_new, v_new [B, T, K, Dh]; new_valid [B, T]; cache_k, cache_v [Bc, S, K, Dh] (Bc is 1
-    or B); lengths [Bc]. Returns float32 [B, T, H, Dh] (zeros for invalid queries)."""
+    """q [B, T, H, Dh]; k_new, v_new [B, T, K, Dh]; new_valid [B, T]; cache_k, cache_v [Bc, S, K, Dh] (Bc divides
+    B: query row b reads cache row b // (B // Bc)); lengths [Bc]. Returns float32 [B, T, H, Dh] (zeros for
+    invalid queries)."""
     reason = unavailable_reason()
     if reason is not None:
         raise RuntimeError(f"the decode-attention kernel cannot run here: {reason}")

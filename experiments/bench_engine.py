@@ -1,12 +1,12 @@
 """The decode engine, measured side by side in one run: what parallel tokens cost, and what they buy.
 
-Per dtype (float32, bfloat16):
+Per dtype (float32, bfloat16, int8):
   1. latency of one cached forward (+ logits + argmax) against the number of tokens t, over a context of
      --context tokens, and its ratio to that dtype's one-token AR step;
   2. AR tokens/s with batch 1 (fixed --tokens, EOS ignored) against the bound of reading every weight once per
-     token at the machine's measured read bandwidth; AR with batch 4 and 8 (total tokens/s);
+     token at the machine's measured read bandwidth;
   3. jacobi and mr against same-dtype AR on prompts that no training set holds (tokens/s, TPF, speedup,
-     equal tokens checked);
+     equal tokens checked), with batch 1, and with batch 4 and 8 (total tokens/s of the batch);
 and transformers' ``generate`` on the same weights in float32 and bfloat16 (--transformers).
 
     python experiments/bench_engine.py --json experiments/results/bench_engine.json \
@@ -33,13 +33,14 @@ PROMPTS = [  # not in any training or tuning set of the repository
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 
-def ar_rates(model, encoded, tokens: int, batch: int = 1) -> list[float]:
+def ar_rates(model, encoded, tokens: int) -> list[float]:
+    """AR tokens/s of each prompt alone (batch 1), EOS ignored so every prompt makes ``tokens`` tokens."""
     from jf_jax.decoding.ar import generate_ar
 
     rates = []
-    for i in range(0, len(encoded) - batch + 1, batch):
-        result = generate_ar(model.params, model.cfg, encoded[i:i + batch], max_new_tokens=tokens, eos_ids=[])
-        rates.append(sum(len(t) for t in result.token_ids) / result.seconds)
+    for ids in encoded:
+        result = generate_ar(model.params, model.cfg, [ids], max_new_tokens=tokens, eos_ids=[])
+        rates.append(len(result.token_ids[0]) / result.seconds)
     return rates
 
 
@@ -64,25 +65,57 @@ def parallel_vs_ar(model, tokens: int, block_size: int) -> dict:
     return out
 
 
+def batched_vs_ar(model, tokens: int, block_size: int) -> dict:
+    """Total tokens/s of B prompts decoded together (EOS on), per method, for B in 4 and 8; tokens checked equal
+    to batch-1 AR's (the same prompts, repeated to fill the batch)."""
+    from jf_jax import api
+
+    prompts = PROMPTS * 2
+    alone = [c.token_ids for c in api.generate(model, prompts, method="ar", max_new_tokens=tokens)]
+    out = {}
+    for batch, methods in ((4, ("ar", "jacobi")), (8, ("ar", "jacobi", "mr"))):
+        out[batch] = {}
+        for method in methods:
+            options = {} if method == "ar" else dict(block_size=block_size)
+            if method == "mr":
+                options.update(num_blocks=2, pool_size=4)
+            done = api.generate(model, prompts[:batch], method=method, max_new_tokens=tokens, batch_size=batch,
+                                **options)
+            new = sum(c.new_tokens for c in done)
+            out[batch][method] = dict(tokens=new, seconds=done[0].seconds, tokens_per_second=new / done[0].seconds,
+                                      tokens_per_forward=new / sum(c.forwards for c in done),
+                                      equal_to_ar=[c.token_ids for c in done] == alone[:batch])
+        base = out[batch]["ar"]["tokens_per_second"]
+        for method in methods:
+            out[batch][method]["vs_ar"] = out[batch][method]["tokens_per_second"] / base
+    return out
+
+
+def step_weight_bytes(view) -> int:
+    """Bytes of weights a one-token step reads in the decode view: every layer, the final norm and the output
+    projection (the embedding table when it is tied and unsplit; a step looks up only its token's row)."""
+    import jax
+
+    head = view.lm_head if view.lm_head is not None else view.embed
+    return sum(x.nbytes for x in jax.tree.leaves((view.layers, view.final_norm, head)))
+
+
 def bench_dtype(dtype: str, args, bandwidth: float) -> dict:
     from jf_jax import api
-    from jf_jax.model.decode_view import stacked_params
-    from jf_jax.model.params import param_bytes
     from jf_jax.tuning.measure import measure_latency
 
     model = api.load_model(args.model, dtype=dtype)
     encoded = api.encode_prompts(model, PROMPTS)
     curve = measure_latency(model.params, model.cfg, SIZES, context=args.context, repeats=args.repeats)
     ms = dict(zip(curve.tokens, (s * 1e3 for s in curve.seconds)))
-    weight_bytes = param_bytes(stacked_params(model.params, model.cfg))
+    weight_bytes = step_weight_bytes(model.params)
     bound = bandwidth * 1e9 / weight_bytes
     batch1 = statistics.median(ar_rates(model, encoded, args.tokens))
     result = dict(latency_ms=ms, latency_ratio={t: ms[t] / ms[1] for t in ms}, weight_bytes=weight_bytes,
                   ar_bound_tokens_per_second=bound, ar_batch1_tokens_per_second=batch1,
                   ar_fraction_of_bound=batch1 / bound,
-                  ar_batch_tokens_per_second={b: statistics.median(ar_rates(model, encoded * (b // len(encoded) + 1),
-                                                                             args.tokens, b)) for b in (4, 8)},
-                  parallel=parallel_vs_ar(model, args.tokens, args.block_size))
+                  parallel=parallel_vs_ar(model, args.tokens, args.block_size),
+                  batched=batched_vs_ar(model, args.tokens, args.block_size))
     print(f"{dtype}: t=1 {ms[1]:.1f} ms, t=8 x{ms[8] / ms[1]:.2f}, t=16 x{ms[16] / ms[1]:.2f}; AR batch 1 "
           f"{batch1:.1f} tok/s ({100 * batch1 / bound:.0f}% of the bound)", flush=True)
     return result
@@ -97,17 +130,23 @@ def markdown(report: dict) -> str:
         r = report["dtypes"][d]
         lines.append(f"| {d} ms | " + " | ".join(f"{r['latency_ms'][t]:.1f}" for t in SIZES) + " |")
         lines.append(f"| {d} / its t=1 | " + " | ".join(f"{r['latency_ratio'][t]:.2f}" for t in SIZES) + " |")
-    lines += ["", "| dtype | AR tok/s (batch 1) | bound | % of bound | AR batch 4 | AR batch 8 | jacobi tok/s (TPF) |"
-              " mr tok/s (TPF) | jacobi / AR | mr / AR | equal tokens |", "|---" * 11 + "|"]
+    lines += ["", "| dtype | AR tok/s (batch 1) | bound | % of bound | jacobi tok/s (TPF) |"
+              " mr tok/s (TPF) | jacobi / AR | mr / AR | equal tokens |", "|---" * 9 + "|"]
     for d in dtypes:
         r, p = report["dtypes"][d], report["dtypes"][d]["parallel"]
         lines.append(
             f"| {d} | {r['ar_batch1_tokens_per_second']:.1f} | {r['ar_bound_tokens_per_second']:.1f} | "
-            f"{100 * r['ar_fraction_of_bound']:.0f}% | {r['ar_batch_tokens_per_second'][4]:.1f} | "
-            f"{r['ar_batch_tokens_per_second'][8]:.1f} | {p['jacobi']['tokens_per_second']:.1f} "
+            f"{100 * r['ar_fraction_of_bound']:.0f}% | {p['jacobi']['tokens_per_second']:.1f} "
             f"({p['jacobi']['tokens_per_forward']:.2f}) | {p['mr']['tokens_per_second']:.1f} "
             f"({p['mr']['tokens_per_forward']:.2f}) | {p['jacobi']['speedup_vs_ar']:.2f} | "
             f"{p['mr']['speedup_vs_ar']:.2f} | {p['jacobi']['equal_to_ar'] and p['mr']['equal_to_ar']} |")
+    lines += ["", "Batched decoding (total tok/s of the batch, TPF, ratio to AR at the same batch size, tokens "
+              "equal to batch-1 AR):", "", "| dtype | batch | method | tok/s | TPF | vs AR | equal |", "|---" * 7 + "|"]
+    for d in dtypes:
+        for batch, methods in report["dtypes"][d]["batched"].items():
+            for method, m in methods.items():
+                lines.append(f"| {d} | {batch} | {method} | {m['tokens_per_second']:.1f} | "
+                             f"{m['tokens_per_forward']:.2f} | {m['vs_ar']:.2f} | {m['equal_to_ar']} |")
     if "transformers_tokens_per_second" in report:
         lines += ["", "transformers `generate` (batch 1, same weights): " + ", ".join(
             f"{d} {v:.1f} tok/s" for d, v in report["transformers_tokens_per_second"].items())]
@@ -117,7 +156,7 @@ def markdown(report: dict) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--dtypes", default="float32,bfloat16,int8")
     parser.add_argument("--context", type=int, default=256, help="committed tokens under the latency curve")
     parser.add_argument("--tokens", type=int, default=64, help="new tokens per prompt")
     parser.add_argument("--block-size", type=int, default=16)

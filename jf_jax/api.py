@@ -43,7 +43,10 @@ class Completion:
     stats: dict
     """This prompt's statistics (``decoding.stats.prompt_stats``: TPF, tokens/s, iterations per block, ...)."""
     settings: dict
-    """The method's settings (block size, driver, seed, ...)."""
+    """The method's settings (block size, batch size, driver, seed, ...)."""
+    batch_size: int = 1
+    """Prompts decoded together with this one; above 1, ``seconds`` and ``prefill_seconds`` are the wall clock of
+    the whole call (every batch), shared by its prompts, and ``stats`` has no per-prompt timings."""
 
     @property
     def new_tokens(self) -> int:
@@ -61,11 +64,18 @@ def load_model(spec: str = DEFAULT_MODEL, dtype: str = "float32", column_shards:
     The parameters are returned in the decoders' view (``model.decode_view.DecodeView``: layers unstacked,
     matmul weights split in ``column_shards`` shards, default one per CPU core); in bfloat16, when the
     ``cpu_kernels`` GEMM can run here and no ``column_shards`` are asked for, the matmul weights are packed for
-    it instead. ``model.decode_view.stacked_params`` gives back the stacked training layout.
+    it instead. ``dtype="int8"`` quantises the matmul weights (per output channel) and each matmul's input (per
+    row) to int8 over a bfloat16 model: a lossy approximation, decoded losslessly against its own AR.
+    ``model.decode_view.stacked_params`` gives back the stacked training layout.
     """
     import cpu_kernels
     from jf_jax import weights  # deferred: it pulls in gguf / safetensors / orbax
 
+    if dtype == "int8":  # W8A8 matmuls (``model.quantize``), everything else in bfloat16
+        if column_shards not in (None, 1):
+            raise ValueError("int8 weights are not split in column shards")
+        loaded = weights.load(spec, dtype="bfloat16")
+        return dataclasses.replace(loaded, params=decode_view(loaded.params, int8=True))
     loaded = weights.load(spec, dtype=dtype)
     if dtype == "bfloat16" and column_shards is None and cpu_kernels.available():
         return dataclasses.replace(loaded, params=decode_view(loaded.params, pack=True))
@@ -97,22 +107,26 @@ def encode_prompts(model, prompts: Sequence[str], chat: bool = True) -> list[lis
 
 
 def generate(model, prompts: Sequence[str] | str, *, method: str = "ar", max_new_tokens: int = 128,
-             chat: bool = True, **options) -> list[Completion]:
-    """Greedy generation of each prompt with ``method`` (one of ``METHODS``), one prompt at a time so that
-    each prompt's timing is its own. ``options`` go to the method (e.g. block_size for "jacobi")."""
+             chat: bool = True, batch_size: int | None = None, **options) -> list[Completion]:
+    """Greedy generation of each prompt with ``method`` (one of ``METHODS``). By default one prompt at a time, so
+    that each prompt's timing is its own; with ``batch_size`` B, B prompts at a time in one compiled program
+    (every method: each row keeps its own blocks and stop, and its tokens are those it gets alone).
+    ``options`` go to the method (e.g. block_size for "jacobi")."""
     if method not in METHODS:
         raise GenerationError(f"unknown method {method!r}; available: {', '.join(METHODS)}")
     if isinstance(prompts, str):
         prompts = [prompts]
     decode = METHODS[method]
+    encoded = encode_prompts(model, prompts, chat)
+    result = decode(model.params, model.cfg, encoded, max_new_tokens=max_new_tokens, eos_ids=model.tokenizer.eos_ids,
+                    batch_size=1 if batch_size is None else batch_size, **options)
+    settings = {k: v for k, v in result.stats.items() if k not in ("per_prompt", "total")}
     completions = []
-    for prompt, ids in zip(prompts, encode_prompts(model, prompts, chat)):
-        result = decode(model.params, model.cfg, [ids], max_new_tokens=max_new_tokens,
-                        eos_ids=model.tokenizer.eos_ids, **options)
-        tokens = result.token_ids[0]
-        settings = {k: v for k, v in result.stats.items() if k not in ("per_prompt", "total")}
-        completions.append(Completion(method=method, prompt=prompt, token_ids=tokens,
-                                      text=model.tokenizer.decode(tokens), forwards=result.forwards[0],
-                                      seconds=result.seconds, prefill_seconds=result.prefill_seconds,
-                                      stats=result.stats["per_prompt"][0], settings=settings))
+    for i, (prompt, tokens, stats) in enumerate(zip(prompts, result.token_ids, result.stats["per_prompt"])):
+        alone = "seconds" in stats  # batch size 1: the prompt's own wall clock
+        completions.append(Completion(
+            method=method, prompt=prompt, token_ids=tokens, text=model.tokenizer.decode(tokens),
+            forwards=result.forwards[i], seconds=stats["seconds"] if alone else result.seconds,
+            prefill_seconds=stats["prefill_seconds"] if alone else result.prefill_seconds, stats=stats,
+            settings=settings, batch_size=settings["batch_size"]))
     return completions

@@ -44,3 +44,11 @@ def smollm2_bf16():
     from jf_jax import api
 
     return api.load_model("smollm2-135m", dtype="bfloat16")
+
+
+@pytest.fixture(scope="session")
+def smollm2_int8():
+    """The embedded SmolLM2-135M-Instruct with int8 (W8A8) matmuls through the public API, loaded once."""
+    from jf_jax import api
+
+    return api.load_model("smollm2-135m", dtype="int8")

@@ -35,8 +35,8 @@ def test_part_a_programs_cover_every_length():
 def _reference(q, k_new, v_new, valid, cache_k, cache_v, lengths):
     B, T = q.shape[:2]
     S = cache_k.shape[1]
-    cache_k, cache_v = (jnp.broadcast_to(c, (B,) + c.shape[1:]) for c in (cache_k, cache_v))
-    lengths = jnp.broadcast_to(lengths, (B,))
+    group = B // cache_k.shape[0]  # query rows per cache row
+    cache_k, cache_v, lengths = (jnp.repeat(c, group, axis=0) for c in (cache_k, cache_v, lengths))
     q_meta = causal_meta(lengths[:, None] + jnp.arange(T), valid=valid)
     k_meta = concat_meta(cache_key_meta(lengths, S), q_meta)
     return attention_reference(q, jnp.concatenate([cache_k, k_new], 1), jnp.concatenate([cache_v, v_new], 1),
@@ -44,12 +44,14 @@ def _reference(q, k_new, v_new, valid, cache_k, cache_v, lengths):
 
 
 @settings(max_examples=25, deadline=None, derandomize=True)
-@given(rows=st.integers(1, 3), shared=st.booleans(), T=st.sampled_from([1, 2, 5, 16, 70]),
+@given(rows=st.integers(1, 3), group=st.sampled_from([1, 2, 3, "all"]), T=st.sampled_from([1, 2, 5, 16, 70]),
        capacity=st.sampled_from([80, 200]), data=st.data())
-def test_matches_reference_attention(rows, shared, T, capacity, data):
+def test_matches_reference_attention(rows, group, T, capacity, data):
+    """``group`` query rows per cache row (candidate rows of a prompt), or "all" rows on one cache row."""
     rng = np.random.default_rng(data.draw(st.integers(0, 1000)))
     H, K, Dh = 4, 2, 8
-    Bc = 1 if shared else rows
+    Bc = 1 if group == "all" else rows
+    rows = rows if group == "all" else rows * group
     lengths = np.asarray([data.draw(st.integers(0, capacity)) for _ in range(Bc)], np.int32)
     valid = np.ones((rows, T), bool)
     valid[:, data.draw(st.integers(1, T)):] = False  # trailing padding, as drafts have
@@ -79,15 +81,17 @@ def test_the_batch_invariance_flag_is_in_force():
 
 
 @pytest.mark.parametrize("kernels", [False, True], ids=["plain-jax", "cpu-kernels"])
-@pytest.mark.parametrize("dtype,pack", [("float32", False), ("bfloat16", False), ("bfloat16", True)])
-def test_a_token_gets_the_same_bits_however_its_forward_is_shaped(dtype, pack, kernels, monkeypatch):
+@pytest.mark.parametrize("dtype,layout", [("float32", "shards"), ("bfloat16", "shards"), ("bfloat16", "packed"),
+                                          ("bfloat16", "int8")])
+def test_a_token_gets_the_same_bits_however_its_forward_is_shaped(dtype, layout, kernels, monkeypatch):
     if kernels and not cpu_kernels.available():
         pytest.skip(f"the CPU kernels cannot run here: {cpu_kernels.unavailable_reason()}")
     if not kernels:  # the plain-JAX twins (attention; XLA's dot for packed weights) must be invariant too
         monkeypatch.setattr(cpu_kernels.library, "available", lambda: False)
     cfg = MID.replace(dtype=dtype)
     params = cast_params(init_params(cfg, jax.random.PRNGKey(0)), cfg.compute_dtype)
-    params = decode_view(params, pack=True) if pack else decode_view(params, column_shards=2)
+    params = decode_view(params, **{"shards": dict(column_shards=2), "packed": dict(pack=True),
+                                    "int8": dict(int8=True)}[layout])
     rng = np.random.default_rng(1)
     P, N = CHUNK - 4, 16  # the block crosses a chunk boundary
     prompt = rng.integers(0, cfg.vocab_size, (1, P)).astype(np.int32)
@@ -118,4 +122,17 @@ def test_a_token_gets_the_same_bits_however_its_forward_is_shaped(dtype, pack, k
     other = rng.integers(0, cfg.vocab_size, (2, N)).astype(np.int32)  # recycled candidate rows beside the draft
     hidden, _, _ = jax.jit(lambda t, c: forward_shared_prefix(params, cfg, t, c))(
         np.concatenate([other[:1], cont, other[1:]]), cache0)
-    np.testing.assert_array_equal(np.asarray(jax.jit(lambda h: logits(params, cfg, h))(hidden[1])), steps)
+    row_logits = jax.jit(lambda h: logits(params, cfg, h))
+    np.testing.assert_array_equal(np.asarray(row_logits(hidden[1])), steps)
+
+    # A batch of two prompts of different lengths (another prompt's cache row beside this one's): the block as
+    # one row of a batched forward, and as one of two candidate rows per prompt.
+    _, cache1 = block_logits(rng.integers(0, cfg.vocab_size, (1, 2 * CHUNK + 9)).astype(np.int32),
+                             KVCache.init(cfg, 1, 256))
+    both = KVCache(k=jnp.concatenate([cache0.k, cache1.k], axis=1), v=jnp.concatenate([cache0.v, cache1.v], axis=1),
+                   lengths=jnp.asarray([P, 2 * CHUNK + 9], jnp.int32))
+    batched, _ = block_logits(np.concatenate([cont, other[:1]]), both)
+    np.testing.assert_array_equal(np.asarray(batched[0]), steps)
+    hidden, _, _ = jax.jit(lambda t, c: forward_shared_prefix(params, cfg, t, c))(
+        np.concatenate([other[:1], cont, other]), both)
+    np.testing.assert_array_equal(np.asarray(row_logits(hidden[1])), steps)

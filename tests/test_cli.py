@@ -10,7 +10,7 @@ import pytest
 from jf_jax.cli import decode
 from jf_jax.weights import store
 
-RUN_KEYS = {"method", "prompt_index", "prompt", "token_ids", "text", "new_tokens", "forwards", "seconds",
+RUN_KEYS = {"method", "prompt_index", "prompt", "token_ids", "text", "new_tokens", "forwards", "batch_size", "seconds",
             "prefill_seconds"}
 SUMMARY_KEYS = {"tokens_per_forward", "tokens_per_second", "tokens_per_second_excl_prefill", "speedup_vs_ar"}
 
@@ -58,7 +58,25 @@ def test_txt_prompts_and_no_chat(tiny_gguf, tmp_path):
     assert "speedup_vs_ar" in report["summary"]["jacobi"]
 
 
+def test_batch_size_decodes_prompts_together(tiny_gguf, tmp_path, capsys):
+    out = tmp_path / "b.json"
+    args = ["--model", tiny_gguf, "--prompt", "abc", "--prompt", "hello there", "--prompt", "xy", "--no-chat",
+            "--methods", "ar,jacobi,mr", "--max-new-tokens", "5", "--json", str(out)]
+    assert decode.main(args + ["--batch-size", "2"]) == 0
+    batched = json.loads(out.read_text())
+    assert decode.main(args) == 0
+    alone = json.loads(out.read_text())
+    assert [r["token_ids"] for r in batched["runs"]] == [r["token_ids"] for r in alone["runs"]]
+    assert {r["batch_size"] for r in batched["runs"]} == {2} and {r["batch_size"] for r in alone["runs"]} == {1}
+    for method, s in batched["summary"].items():  # totals over the batches' shared wall clock
+        assert s["tokens"] == sum(r["new_tokens"] for r in batched["runs"] if r["method"] == method)
+        assert s["seconds"] > 0 and "median_seconds" not in s
+    assert "2 prompts at a time" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("args, message", [
+    (["--batch-size", "0"], "--batch-size must be positive"),
+    (["--batch-size", "2", "--stream"], "--stream prints one prompt at a time"),
     (["--model", "/nonexistent/model.gguf"], "no such model name, file or directory"),
     (["--methods", "ar,warp"], "unknown method(s) warp"),
     (["--max-new-tokens", "0"], "--max-new-tokens must be positive"),

@@ -98,3 +98,13 @@ def test_attention_kernel_matches_its_jax_twin_and_is_batch_invariant(dtype):
     shared = np.asarray(kernel(rows(q), rows(k), rows(v), valid, cache_k, cache_v, lengths))
     np.testing.assert_array_equal(shared[1], full[0])
     assert not shared[0, 8:].any()
+    # Two prompts of three rows each (the first prompt's cache row is the one above, the second another length):
+    # rows read their own prompt's cache row, and the draft row keeps its bits.
+    other_k, other_v = arr(1, S, 3, 64), arr(1, S, 3, 64)
+    grouped = np.asarray(kernel(jnp.concatenate([rows(q)] * 2), jnp.concatenate([rows(k)] * 2),
+                                jnp.concatenate([rows(v)] * 2), np.concatenate([valid] * 2),
+                                jnp.concatenate([cache_k, other_k]), jnp.concatenate([cache_v, other_v]),
+                                jnp.asarray([L, 33], jnp.int32)))
+    np.testing.assert_array_equal(grouped[:3], shared)
+    alone = np.asarray(kernel(rows(q), rows(k), rows(v), valid, other_k, other_v, jnp.asarray([33], jnp.int32)))
+    np.testing.assert_array_equal(grouped[3:], alone)

@@ -35,9 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", type=Path, help=".jsonl file with a 'prompt' field per line, or .txt, one per line")
     p.add_argument("--methods", default="ar,jacobi", help="comma list of decoding methods, e.g. ar,jacobi,mr")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16",
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "int8"), default="bfloat16",
                    help="bfloat16 (default: ~3x float32's AR speed here, and jacobi/mr equal its own AR token for "
-                        "token) or float32, the reference")
+                        "token), float32 (the reference) or int8 (W8A8 matmuls: a lossy approximation of the model, "
+                        "decoded losslessly against its own int8 AR)")
     p.add_argument("--no-chat", action="store_true", help="do not apply the model's chat template")
     p.add_argument("--json", type=Path, help="write the runs and summary as JSON to this path")
     p.add_argument("--block-size", type=_int_or_tuned, default=CLI_BLOCK_SIZE,
@@ -47,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spawn-ratio", type=float, help="mr: accepted fraction of the active block that spawns the next")
     p.add_argument("--pool-size", type=_int_or_tuned, help="mr: rejection-recycling verification size, or 'tuned'")
     p.add_argument("--seed", type=int, help="seed of the random draft initialisation")
+    p.add_argument("--batch-size", type=int, default=1,
+                   help="decode this many prompts at a time in one program (every method; tokens as decoded alone)")
     p.add_argument("--stream", action="store_true",
                    help="print jacobi and mr tokens as they are accepted (runs them on the step-by-step driver)")
     p.add_argument("--tune", action="store_true",
@@ -70,10 +73,14 @@ def method_options(method: str, args) -> dict:
 
 
 def summarize(runs: list[dict]) -> dict:
-    """Per-method totals of the runs' statistics (``decoding.stats.summarize``) and speedups against AR."""
+    """Per-method totals of the runs' statistics (``decoding.stats.summarize``) and speedups against AR. Batched
+    runs share their call's wall clock (``seconds`` of every run of the method)."""
     summary = {}
     for method in dict.fromkeys(r["method"] for r in runs):
-        summary[method] = stats.summarize([r["stats"] for r in runs if r["method"] == method])
+        mine = [r for r in runs if r["method"] == method]
+        shared = {} if mine[0]["batch_size"] == 1 else dict(seconds=mine[0]["seconds"],
+                                                             prefill_seconds=mine[0]["prefill_seconds"])
+        summary[method] = stats.summarize([r["stats"] for r in mine], **shared)
     return stats.add_speedups(summary)
 
 
@@ -95,16 +102,23 @@ def format_table(runs: list[dict], summary: dict) -> str:
     header = f"{'method':<8} {'prompt':>6} {'tokens':>6} {'fwds':>5} {'TPF':>5} {'sec':>7} {'tok/s':>7} {'tok/s*':>7}"
     lines = [header, "-" * len(header)]
     for r in runs:
-        decode_s = r["seconds"] - r["prefill_seconds"]
-        lines.append(f"{r['method']:<8} {r['prompt_index']:>6} {r['new_tokens']:>6} {r['forwards']:>5} "
-                     f"{r['new_tokens'] / max(1, r['forwards']):>5.2f} {r['seconds']:>7.2f} "
-                     f"{r['new_tokens'] / r['seconds']:>7.1f} {r['new_tokens'] / max(decode_s, 1e-9):>7.1f}")
+        line = (f"{r['method']:<8} {r['prompt_index']:>6} {r['new_tokens']:>6} {r['forwards']:>5} "
+                f"{r['new_tokens'] / max(1, r['forwards']):>5.2f} ")
+        if r["batch_size"] > 1:  # prompts decoded together have no wall clock of their own
+            line += f"{'-':>7} {'-':>7} {'-':>7}"
+        else:
+            decode_s = r["seconds"] - r["prefill_seconds"]
+            line += (f"{r['seconds']:>7.2f} {r['new_tokens'] / r['seconds']:>7.1f} "
+                     f"{r['new_tokens'] / max(decode_s, 1e-9):>7.1f}")
+        lines.append(line)
     lines += ["", f"{'method':<8} {'TPF':>6} {'tok/s':>8} {'tok/s*':>8} {'vs AR':>7}", "-" * 41]
     for method, s in summary.items():
         speedup = f"{s['speedup_vs_ar']:.2f}x" if "speedup_vs_ar" in s else "-"
         lines.append(f"{method:<8} {s['tokens_per_forward']:>6.2f} {s['tokens_per_second']:>8.1f} "
                      f"{s['tokens_per_second_excl_prefill']:>8.1f} {speedup:>7}")
-    lines.append("(tok/s* excludes prefill; every method is timed after compilation, prompt by prompt)")
+    batch = runs[0]["batch_size"] if runs else 1
+    how = "prompt by prompt" if batch == 1 else f"{batch} prompts at a time (totals over the batches)"
+    lines.append(f"(tok/s* excludes prefill; every method is timed after compilation, {how})")
     return "\n".join(lines)
 
 
@@ -133,6 +147,10 @@ def run(args) -> dict:
                          f"available: {', '.join(api.METHODS)}")
     if args.max_new_tokens <= 0:
         raise ValueError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be positive, got {args.batch_size}")
+    if args.stream and args.batch_size > 1:
+        raise ValueError("--stream prints one prompt at a time: it needs --batch-size 1")
     prompts = read_prompts(args)
     if args.json is not None:
         check_writable(args.json)
@@ -147,20 +165,33 @@ def run(args) -> dict:
     with tqdm(total=len(methods) * len(prompts), desc="decoding", unit="prompt", file=sys.stderr,
               disable=args.stream) as bar:
         for method in methods:
-            for index, prompt in enumerate(prompts):
-                bar.set_postfix_str(f"{method} #{index}")
-                options = method_options(method, args)
-                stream = args.stream and method in STREAMING_METHODS
-                if stream:
-                    options.update(driver="python", on_tokens=stream_printer(model, f"[{method} #{index}] "))
-                (c,) = api.generate(model, [prompt], method=method, max_new_tokens=args.max_new_tokens,
-                                    chat=not args.no_chat, **options)
-                if stream:
-                    print(flush=True)
-                runs.append({"method": method, "prompt_index": index, "prompt": prompt, "token_ids": c.token_ids,
+            options = method_options(method, args)
+            if args.batch_size > 1:  # one call decodes every prompt, batch_size at a time
+                bar.set_postfix_str(f"{method} x{len(prompts)}")
+                completions = list(enumerate(api.generate(model, prompts, method=method, chat=not args.no_chat,
+                                                          max_new_tokens=args.max_new_tokens,
+                                                          batch_size=args.batch_size, **options)))
+            else:
+                completions = []
+                for index, prompt in enumerate(prompts):
+                    bar.set_postfix_str(f"{method} #{index}")
+                    stream = args.stream and method in STREAMING_METHODS
+                    extra = {}
+                    if stream:
+                        extra = dict(driver="python", on_tokens=stream_printer(model, f"[{method} #{index}] "))
+                    (c,) = api.generate(model, [prompt], method=method, max_new_tokens=args.max_new_tokens,
+                                        chat=not args.no_chat, **options, **extra)
+                    if stream:
+                        print(flush=True)
+                    completions.append((index, c))
+                    bar.update()
+            for index, c in completions:
+                runs.append({"method": method, "prompt_index": index, "prompt": c.prompt, "token_ids": c.token_ids,
                              "text": c.text, "new_tokens": c.new_tokens, "forwards": c.forwards,
-                             "seconds": c.seconds, "prefill_seconds": c.prefill_seconds, "stats": c.stats})
-                bar.update()
+                             "batch_size": c.batch_size, "seconds": c.seconds, "prefill_seconds": c.prefill_seconds,
+                             "stats": c.stats})
+            if args.batch_size > 1:
+                bar.update(len(prompts))
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
                 if k not in ("prompt", "prompts", "json")}
     return {"model": model.name, "settings": settings, "runs": runs, "summary": summarize(runs)}

@@ -15,9 +15,10 @@ from typing import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from jf_jax.decoding.common import (GenerationResult, PreparedPrompts, StopReason, eos_array, greedy, is_eos,
-                                    prepare_prompts, trim_outputs)
+from jf_jax.decoding.common import (MAX_BATCH_SIZE, GenerationResult, PreparedPrompts, StopReason, check_int,
+                                    eos_array, greedy, is_eos, prepare_prompts, trim_outputs)
 from jf_jax.decoding.stats import prompt_stats, summarize
 from jf_jax.model.config import ModelConfig
 from jf_jax.model.decode_view import decode_view
@@ -77,9 +78,9 @@ def ar_loop(params: Params, cfg: ModelConfig, cache: KVCache, first_logits, max_
     return jax.lax.while_loop(lambda s: ~jnp.all(s.done), step, state)
 
 
-def _run(params, cfg, prep: PreparedPrompts, eos, max_new_tokens: int):
+def _run(params, cfg, tokens, lengths, prep: PreparedPrompts, eos, max_new_tokens: int):
     start = time.perf_counter()
-    cache, first_logits = prefill(params, cfg, prep.tokens, prep.lengths, prep.cache_capacity)
+    cache, first_logits = prefill(params, cfg, tokens, lengths, prep.cache_capacity)
     first_logits.block_until_ready()
     prefill_done = time.perf_counter()
     state = ar_loop(params, cfg, cache, first_logits, jnp.int32(max_new_tokens), eos, prep.out_capacity)
@@ -89,22 +90,31 @@ def _run(params, cfg, prep: PreparedPrompts, eos, max_new_tokens: int):
 
 
 def generate_ar(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
-                eos_ids: Sequence[int], warmup: bool = True) -> GenerationResult:
-    """Greedy AR decoding of token-id prompts. With ``warmup`` the programs are compiled (by a 1-token
-    run on the same bucketed shapes) before the timed run, so ``seconds`` excludes compilation."""
+                eos_ids: Sequence[int], batch_size: int | None = None, warmup: bool = True) -> GenerationResult:
+    """Greedy AR decoding of token-id prompts, ``batch_size`` at a time (default: all in one batch; a short last
+    batch is padded with copies of its last prompt). With ``warmup`` the programs are compiled (by a 1-token run
+    on the same bucketed shapes) before the timed run, so ``seconds`` excludes compilation."""
     prep = prepare_prompts(cfg, prompts, max_new_tokens, lookahead=1)
     params = decode_view(params)  # the decoders' view, as jacobi and mr take it (no-op when already a view)
     eos = eos_array(eos_ids)
+    num = len(prep.lengths)
+    B = num if batch_size is None else min(check_int("batch_size", batch_size, 1, MAX_BATCH_SIZE), num)
+    batches = [np.minimum(np.arange(first, first + B), num - 1) for first in range(0, num, B)]
     if warmup:
-        _run(params, cfg, prep, eos, 1)
-    out, count, seconds, prefill_seconds = _run(params, cfg, prep, eos, prep.max_new_tokens)
-    tokens = trim_outputs(out, count)
+        _run(params, cfg, prep.tokens[batches[0]], prep.lengths[batches[0]], prep, eos, 1)
+    tokens, timings = [], []
+    for first, idx in zip(range(0, num, B), batches):
+        out, count, seconds, prefill_seconds = _run(params, cfg, prep.tokens[idx], prep.lengths[idx], prep, eos,
+                                                    prep.max_new_tokens)
+        tokens += trim_outputs(out, count)[: num - first]
+        timings.append(dict(seconds=seconds, prefill_seconds=prefill_seconds))
+    seconds, prefill_seconds = (sum(t[k] for t in timings) for k in ("seconds", "prefill_seconds"))
     eos_set = set(int(e) for e in eos_ids)
     # Prompts decoded together share one wall clock: a prompt's own seconds exist only when it was alone.
-    timing = dict(seconds=seconds, prefill_seconds=prefill_seconds) if len(tokens) == 1 else {}
     per_prompt = [prompt_stats(tokens=len(t), forwards=len(t), stop=StopReason.EOS if t[-1] in eos_set
-                               else StopReason.MAX_NEW_TOKENS, **timing) for t in tokens]
-    stats = dict(method="ar", per_prompt=per_prompt,
+                               else StopReason.MAX_NEW_TOKENS, **(timings[i] if B == 1 else {}))
+                  for i, t in enumerate(tokens)]
+    stats = dict(method="ar", batch_size=B, per_prompt=per_prompt,
                  total=summarize(per_prompt, seconds=seconds, prefill_seconds=prefill_seconds))
     return GenerationResult(token_ids=tokens, forwards=[p["forwards"] for p in per_prompt], seconds=seconds,
                             prefill_seconds=prefill_seconds, stats=stats)

@@ -65,48 +65,55 @@ def emit(out, count, tokens, num):
     return out.at[idx].set(tokens, mode="drop")
 
 
-def prefill_draft(params: Params, cfg: ModelConfig, prompt, prompt_len, guesses, capacity: int):
-    """The prefill-drafting trick: forwards ``prompt[:prompt_len] ++ guesses`` (n guesses) into a fresh cache.
+def prefill_draft(params: Params, cfg: ModelConfig, prompts, prompt_lens, guesses, capacity: int):
+    """The prefill-drafting trick, for B rows: forwards ``prompt[:prompt_len] ++ guesses`` (n guesses) of each row
+    into a fresh cache.
 
-    Returns the cache holding only the prompt (the guesses' KV is dropped) and the n tokens
-    ``argmax(logits[P-1 : P+n-1])``: the true first response token followed by a once-refined draft.
+    prompts [B, P], prompt_lens [B], guesses [B, n]. Returns the cache holding only the prompts (the guesses' KV
+    is dropped) and per row the n tokens ``argmax(logits[P-1 : P+n-1])`` [B, n]: the true first response token
+    followed by a once-refined draft.
     """
-    n = guesses.shape[0]
-    T = prompt.shape[0] + n
-    tokens = jax.lax.dynamic_update_slice(jnp.pad(prompt, (0, n)), guesses, (prompt_len,))
-    tokens = jnp.where(jnp.arange(T) < prompt_len + n, tokens, 0)
-    positions = jnp.arange(T, dtype=jnp.int32)[None]
-    meta = causal_meta(positions, valid=positions < prompt_len + n)
-    hidden, cache = forward(params, cfg, tokens[None], meta=meta, cache=KVCache.init(cfg, 1, capacity))
-    rows = jax.lax.dynamic_slice_in_dim(hidden[0], prompt_len - 1, n)
-    return cache.with_lengths(prompt_len), greedy(logits(params, cfg, rows))
+    B, n = guesses.shape
+    T = prompts.shape[1] + n
+
+    def row_tokens(prompt, prompt_len, row_guesses):
+        tokens = jax.lax.dynamic_update_slice(jnp.pad(prompt, (0, n)), row_guesses, (prompt_len,))
+        return jnp.where(jnp.arange(T) < prompt_len + n, tokens, 0)
+
+    tokens = jax.vmap(row_tokens)(prompts, prompt_lens, guesses)
+    positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    meta = causal_meta(positions, valid=positions < (prompt_lens + n)[:, None])
+    hidden, cache = forward(params, cfg, tokens, meta=meta, cache=KVCache.init(cfg, B, capacity))
+    rows = jax.vmap(lambda h, length: jax.lax.dynamic_slice_in_dim(h, length - 1, n))(hidden, prompt_lens)
+    return cache.with_lengths(prompt_lens), greedy(logits(params, cfg, rows))
 
 
 class BlockStart(NamedTuple):
-    """What both block decoders begin with, after the prefill-drafting forward."""
+    """What both block decoders begin with, after the prefill-drafting forward (every field per row, [B, ...])."""
 
-    key: jax.Array  # the draft RNG key after drawing the first guesses
-    guesses: jax.Array  # [n] the random draft the first block started from
-    first: jax.Array  # [n] the first block's first draft (first[0] is the first response token)
-    first_eos: jax.Array  # [] that token is EOS: generation ends with the one forward AR would also spend
-    out: jax.Array  # [N] generated ids, -1 past the count (holds the EOS when first_eos)
-    cache: KVCache  # batch 1, holding the prompt
-    block_iters: jax.Array  # [max_blocks] zeros: iterations per block
-    accept_hist: jax.Array  # [n + 1] zeros: histogram of tokens accepted per iteration
+    key: jax.Array  # [B, 2] the draft RNG keys after drawing the first guesses
+    guesses: jax.Array  # [B, n] the random draft the first block started from
+    first: jax.Array  # [B, n] the first block's first draft (first[:, 0] is the first response token)
+    first_eos: jax.Array  # [B] that token is EOS: generation ends with the one forward AR would also spend
+    out: jax.Array  # [B, N] generated ids, -1 past the count (holds the EOS when first_eos)
+    cache: KVCache  # B rows, holding the prompts
+    block_iters: jax.Array  # [B, max_blocks] zeros: iterations per block
+    accept_hist: jax.Array  # [B, n + 1] zeros: histogram of tokens accepted per iteration
 
 
-def start_blocks(params: Params, cfg: ModelConfig, n: int, prompt, prompt_len, key, eos_ids, out_capacity: int,
+def start_blocks(params: Params, cfg: ModelConfig, n: int, prompts, prompt_lens, keys, eos_ids, out_capacity: int,
                  capacity: int) -> BlockStart:
-    """Draws n guesses from the prompt, runs ``prefill_draft`` and emits an EOS first token."""
-    key, sub = jax.random.split(key)
-    out = jnp.full((out_capacity,), -1, jnp.int32)
-    guesses = draw_context(sub, prompt, prompt_len, out, 0, n)
-    cache, first = prefill_draft(params, cfg, prompt, prompt_len, guesses, capacity)
-    first_eos = is_eos(first[0], eos_ids)
-    return BlockStart(key=key, guesses=guesses, first=first, first_eos=first_eos,
-                      out=jnp.where(first_eos, emit(out, 0, first, 1), out), cache=cache,
-                      block_iters=jnp.zeros((out_capacity // n + 2,), jnp.int32),
-                      accept_hist=jnp.zeros((n + 1,), jnp.int32))
+    """Draws n guesses per row from its prompt, runs ``prefill_draft`` and emits an EOS first token."""
+    B = prompts.shape[0]
+    keys, subs = jnp.moveaxis(jax.vmap(jax.random.split)(keys), 1, 0)
+    out = jnp.full((B, out_capacity), -1, jnp.int32)
+    guesses = jax.vmap(lambda k, p, pl, o: draw_context(k, p, pl, o, 0, n))(subs, prompts, prompt_lens, out)
+    cache, first = prefill_draft(params, cfg, prompts, prompt_lens, guesses, capacity)
+    first_eos = is_eos(first[:, 0], eos_ids)
+    out = jnp.where(first_eos[:, None], jax.vmap(lambda o, f: emit(o, 0, f, 1))(out, first), out)
+    return BlockStart(key=keys, guesses=guesses, first=first, first_eos=first_eos, out=out, cache=cache,
+                      block_iters=jnp.zeros((B, out_capacity // n + 2), jnp.int32),
+                      accept_hist=jnp.zeros((B, n + 1), jnp.int32))
 
 
 def first_stop(first_eos):

@@ -18,6 +18,7 @@ import numpy as np
 from jf_jax.model.config import ModelConfig
 
 MIN_BUCKET = 16
+MAX_BATCH_SIZE = 256
 
 
 class GenerationError(ValueError):

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from jf_jax.decoding.blocks import (cap_accepted, draw_context, emit, first_stop, leading_matches, start_blocks,
                                     step_stop)
 from jf_jax.decoding.common import GenerationResult, check_int, eos_array, greedy, is_eos, prepare_prompts
-from jf_jax.decoding.runner import MAX_BLOCK_SIZE, BlockDecoder, OnTokens, decode_prompts
+from jf_jax.decoding.runner import MAX_BLOCK_SIZE, BlockDecoder, OnTokens, decode_prompts, keep_if_done
 from jf_jax.model.config import ModelConfig
 from jf_jax.model.decode_view import decode_view
 from jf_jax.model.kv_cache import KVCache
@@ -44,7 +44,8 @@ from jf_jax.model.transformer import forward, logits
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class JacobiState:
-    """Loop state of one prompt (batch 1); every field is an array."""
+    """Loop state of B prompts decoded together; every field is an array with a leading [B] row axis (the
+    shapes below are one row's), except the cache, which holds B rows."""
 
     draft: jax.Array  # [n] current draft of the block, valid up to draft_len; draft[0] is known-correct
     draft_len: jax.Array  # [] n - tokens accepted in this block
@@ -52,11 +53,11 @@ class JacobiState:
     out: jax.Array  # [N] generated ids, -1 past count
     count: jax.Array  # [] tokens generated (== committed KV slots past the prompt)
     block_start: jax.Array  # [] count at the start of the current block
-    done: jax.Array  # [] stopped on EOS or max_new
-    cache: KVCache  # batch 1; lengths == prompt_len + count
+    done: jax.Array  # [] stopped on EOS or max_new (or a padding row of the batch)
+    cache: KVCache | None  # B rows; lengths == prompt_len + count (None in a one-row view)
     prompt: jax.Array  # [P] bucketed prompt
     prompt_len: jax.Array  # []
-    key: jax.Array  # PRNG key for the random drafts
+    key: jax.Array  # [2] PRNG key for the random drafts
     max_new: jax.Array  # []
     eos_ids: jax.Array  # [8] padded with -1
     forwards: jax.Array  # [] model forwards, prefill included
@@ -72,30 +73,38 @@ class JacobiDecoder(BlockDecoder):
     Drivers (``run_compiled``, ``run_python``) come from ``BlockDecoder``."""
 
     @functools.partial(jax.jit, static_argnums=(0, 7, 8))
-    def init(self, params: Params, prompt, prompt_len, key, max_new, eos_ids, out_capacity: int,
+    def init(self, params: Params, prompts, prompt_lens, keys, max_new, eos_ids, out_capacity: int,
              capacity: int) -> JacobiState:
-        """Prefill with the drafting trick; the returned state's draft is the first block's first draft."""
+        """Prefill with the drafting trick; the returned state's draft is each row's first block's first draft."""
         n = self.block_size
-        b = start_blocks(params, self.cfg, n, prompt, prompt_len, key, eos_ids, out_capacity, capacity)
+        B = prompts.shape[0]
+        b = start_blocks(params, self.cfg, n, prompts, prompt_lens, keys, eos_ids, out_capacity, capacity)
+        rows = lambda x: jnp.broadcast_to(jnp.asarray(x, jnp.int32), (B,) + jnp.shape(x))  # noqa: E731
         return JacobiState(
-            draft=b.first, draft_len=jnp.int32(n), block_init=b.guesses, out=b.out,
-            count=b.first_eos.astype(jnp.int32), block_start=jnp.int32(0), done=b.first_eos, cache=b.cache,
-            prompt=prompt, prompt_len=prompt_len, key=b.key, max_new=max_new, eos_ids=eos_ids, forwards=jnp.int32(1),
-            block=jnp.int32(0), block_iters=b.block_iters, accept_hist=b.accept_hist, stop=first_stop(b.first_eos))
+            draft=b.first, draft_len=rows(n), block_init=b.guesses, out=b.out, count=b.first_eos.astype(jnp.int32),
+            block_start=rows(0), done=b.first_eos, cache=b.cache, prompt=prompts, prompt_len=prompt_lens, key=b.key,
+            max_new=rows(max_new), eos_ids=rows(eos_ids), forwards=rows(1), block=rows(0), block_iters=b.block_iters,
+            accept_hist=b.accept_hist, stop=first_stop(b.first_eos))
 
     def _step(self, params: Params, s: JacobiState) -> JacobiState:
         n = self.block_size
         j = jnp.arange(n)
-        positions = (s.cache.lengths[0] + j)[None]
-        meta = causal_meta(positions, valid=(j < s.draft_len)[None])
-        hidden, cache = forward(params, self.cfg, s.draft[None], meta=meta, cache=s.cache)
-        g = greedy(logits(params, self.cfg, hidden[0]))  # [n]
+        positions = s.cache.lengths[:, None] + j
+        meta = causal_meta(positions, valid=j < s.draft_len[:, None])
+        hidden, cache = forward(params, self.cfg, s.draft, meta=meta, cache=s.cache)
+        g = greedy(logits(params, self.cfg, hidden))  # [B, n]
+        rows, accepted = jax.vmap(self._advance)(dataclasses.replace(s, cache=None), g)
+        return dataclasses.replace(rows, cache=cache.commit(accepted))
 
+    def _advance(self, s: JacobiState, g):
+        """One row's bookkeeping after the forward: ``g`` [n] are the model's predictions for its draft. Returns
+        the row's new state (unchanged once done) and how many of its written KV slots to commit."""
+        n = self.block_size
+        j = jnp.arange(n)
         _, run = leading_matches(s.draft, g, s.draft_len)
         accepted, hit_eos = cap_accepted(s.draft, 1 + run, s.count, s.max_new, s.eos_ids)
         out = emit(s.out, s.count, s.draft, accepted)
         count = s.count + accepted
-        cache = cache.commit(accepted)
         done = hit_eos | (count >= s.max_new)
 
         # Next draft: correction token + shifted predictions (g[a-1 + i]); on full acceptance g[L-1] is the bonus.
@@ -112,27 +121,29 @@ class JacobiDecoder(BlockDecoder):
         fresh = jnp.concatenate([extra[None], draw_context(sub, s.prompt, s.prompt_len, out, count, n - 1)])
         new_block = full & ~done
         block_iters = s.block_iters.at[s.block].add(1, mode="drop")
-        return dataclasses.replace(
+        new = dataclasses.replace(
             s, draft=jnp.where(new_block, fresh, shifted), draft_len=jnp.where(new_block, n, s.draft_len - accepted),
             block_init=jnp.where(new_block, fresh, s.block_init), out=out, count=count,
-            block_start=jnp.where(new_block, count, s.block_start), done=done, cache=cache,
+            block_start=jnp.where(new_block, count, s.block_start), done=done,
             key=jnp.where(new_block, key, s.key), forwards=s.forwards + 1, block=s.block + new_block,
             block_iters=block_iters, accept_hist=s.accept_hist.at[accepted].add(1), stop=stop)
+        return keep_if_done(s, new), jnp.where(s.done, 0, accepted)
 
 
 # ----------------------------------------------------------------------------------------------------------
 # Public entry points: decoding and trajectory recording.
 
 def generate_jacobi(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
-                    eos_ids: Sequence[int], block_size: int = 64, seed: int = 0, warmup: bool = True,
-                    driver: str = "compiled", on_tokens: OnTokens | None = None,
+                    eos_ids: Sequence[int], block_size: int = 64, seed: int = 0, batch_size: int = 1,
+                    warmup: bool = True, driver: str = "compiled", on_tokens: OnTokens | None = None,
                     on_step: Callable[[int, JacobiState, JacobiState], None] | None = None) -> GenerationResult:
-    """Greedy Jacobi decoding of token-id prompts (decoded one after another, each with batch 1; shapes are
-    bucketed so new prompts reuse the compiled programs). ``driver="python"`` steps from the host and may
-    stream, ``on_tokens(prompt_index, new_ids)``, and observe, ``on_step(prompt_index, before, after)``.
-    ``forwards`` counts the prefill; ``stats`` holds per-prompt and total statistics (``decoding.stats``)."""
+    """Greedy Jacobi decoding of token-id prompts, ``batch_size`` prompts at a time (each row with its own block,
+    acceptance, cache length and stop; shapes are bucketed so new prompts reuse the compiled programs).
+    ``driver="python"`` steps from the host and may stream, ``on_tokens(prompt_index, new_ids)``, and observe,
+    ``on_step(prompt_index, before, after)`` (one-row views of the state). ``forwards`` counts the prefill;
+    ``stats`` holds per-prompt and total statistics (``decoding.stats``)."""
     n = check_int("block_size", block_size, 1, MAX_BLOCK_SIZE)
     prep = prepare_prompts(cfg, prompts, max_new_tokens, lookahead=n)
     return decode_prompts(JacobiDecoder(cfg, n), decode_view(params), prep, eos_array(eos_ids), seed=seed,
-                          driver=driver, warmup=warmup, on_tokens=on_tokens, on_step=on_step,
+                          batch_size=batch_size, driver=driver, warmup=warmup, on_tokens=on_tokens, on_step=on_step,
                           settings=dict(method="jacobi"))

@@ -35,7 +35,7 @@ from jf_jax.decoding.blocks import (cap_accepted, context_ids, draw_context, emi
                                     start_blocks, step_stop)
 from jf_jax.decoding.common import GenerationError, GenerationResult, check_int, eos_array, is_eos, prepare_prompts
 from jf_jax.decoding.recycling import build_candidates, forward_rows, harvest, pick_winner, push
-from jf_jax.decoding.runner import MAX_BLOCK_SIZE, BlockDecoder, OnTokens, decode_prompts
+from jf_jax.decoding.runner import MAX_BLOCK_SIZE, BlockDecoder, OnTokens, decode_prompts, keep_if_done
 from jf_jax.model.config import ModelConfig
 from jf_jax.model.decode_view import decode_view
 from jf_jax.model.kv_cache import KVCache
@@ -49,7 +49,8 @@ MR_COUNTERS = ("recycling_rounds", "recycling_wins", "spawns", "promotions", "pr
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class MRState:
-    """Loop state of one prompt (batch 1); every field is an array."""
+    """Loop state of B prompts decoded together; every field is an array with a leading [B] row axis (the
+    shapes below are one row's), except the cache, which holds B rows."""
 
     row: jax.Array  # [K*n] in-flight tokens: RA draft (ra_len) then n_pa PA blocks of n; valid up to row_len
     row_len: jax.Array  # []
@@ -59,11 +60,11 @@ class MRState:
     out: jax.Array  # [N] generated ids, -1 past count
     count: jax.Array  # []
     block_start: jax.Array  # [] count at the start of the RA block
-    done: jax.Array  # []
-    cache: KVCache  # batch 1; lengths == prompt_len + count
+    done: jax.Array  # [] (or a padding row of the batch)
+    cache: KVCache | None  # B rows; lengths == prompt_len + count (None in a one-row view)
     prompt: jax.Array  # [P]
     prompt_len: jax.Array  # []
-    key: jax.Array
+    key: jax.Array  # [2]
     max_new: jax.Array  # []
     eos_ids: jax.Array  # [8]
     pool: jax.Array  # [pool_size, n + K*n] recycled n-grams
@@ -91,42 +92,56 @@ class MRDecoder(BlockDecoder):
         return self.block_size * self.num_blocks
 
     @functools.partial(jax.jit, static_argnums=(0, 7, 8))
-    def init(self, params: Params, prompt, prompt_len, key, max_new, eos_ids, out_capacity: int,
+    def init(self, params: Params, prompts, prompt_lens, keys, max_new, eos_ids, out_capacity: int,
              capacity: int) -> MRState:
-        n, W = self.block_size, self.width
-        b = start_blocks(params, self.cfg, n, prompt, prompt_len, key, eos_ids, out_capacity, capacity)
+        n, W, S = self.block_size, self.width, self.pool_size
+        B = prompts.shape[0]
+        b = start_blocks(params, self.cfg, n, prompts, prompt_lens, keys, eos_ids, out_capacity, capacity)
+        rows = lambda x: jnp.broadcast_to(jnp.asarray(x, jnp.int32), (B,) + jnp.shape(x))  # noqa: E731
         return MRState(
-            row=jnp.pad(b.first, (0, W - n)), row_len=jnp.int32(n), ra_len=jnp.int32(n), n_pa=jnp.int32(0),
-            pa_progress=jnp.zeros((self.num_blocks,), jnp.int32), out=b.out, count=b.first_eos.astype(jnp.int32),
-            block_start=jnp.int32(0), done=b.first_eos, cache=b.cache, prompt=prompt, prompt_len=prompt_len,
-            key=b.key, max_new=max_new, eos_ids=eos_ids,
-            pool=jnp.zeros((self.pool_size, n + W), jnp.int32), pool_len=jnp.zeros((self.pool_size,), jnp.int32),
-            pool_next=jnp.int32(0), forwards=jnp.int32(1), block=jnp.int32(0), block_iters=b.block_iters,
-            accept_hist=b.accept_hist, counters=jnp.zeros((len(MR_COUNTERS),), jnp.int32), stop=first_stop(b.first_eos))
+            row=jnp.pad(b.first, ((0, 0), (0, W - n))), row_len=rows(n), ra_len=rows(n), n_pa=rows(0),
+            pa_progress=rows(jnp.zeros((self.num_blocks,))), out=b.out, count=b.first_eos.astype(jnp.int32),
+            block_start=rows(0), done=b.first_eos, cache=b.cache, prompt=prompts, prompt_len=prompt_lens,
+            key=b.key, max_new=rows(max_new), eos_ids=rows(eos_ids), pool=rows(jnp.zeros((S, n + W))),
+            pool_len=rows(jnp.zeros((S,))), pool_next=rows(0), forwards=rows(1), block=rows(0),
+            block_iters=b.block_iters, accept_hist=b.accept_hist, counters=rows(jnp.zeros((len(MR_COUNTERS),))),
+            stop=first_stop(b.first_eos))
 
     def _verify(self, params: Params, s: MRState, rows):
-        """One forward of ``rows`` [R, W]; returns the winning row, its predictions, its new KV and its index."""
-        g, k, v = forward_rows(params, self.cfg, rows, jnp.arange(self.width) < s.row_len, s.cache)
-        win = pick_winner(rows, g, s.row_len, s.ra_len)
-        return rows[win], g[win], k[:, win][:, None], v[:, win][:, None], win
+        """One forward of ``rows`` [B, R, W] (R rows per prompt, sharing its cache row); returns per prompt the
+        winning row [B, W], its predictions, its new KV [L, B, W, K, Dh] and its index [B]."""
+        B, R, W = rows.shape
+        valid = jnp.repeat(jnp.arange(W) < s.row_len[:, None], R, axis=0)
+        g, k, v = forward_rows(params, self.cfg, rows.reshape(B * R, W), valid, s.cache)
+        g = g.reshape(B, R, W)
+        win = jax.vmap(pick_winner)(rows, g, s.row_len, s.ra_len)
+        b = jnp.arange(B)
+        pick = lambda x: x.reshape((x.shape[0], B, R) + x.shape[2:])[:, b, win]  # noqa: E731
+        return rows[b, win], g[b, win], pick(k), pick(v), win
 
     def _step(self, params: Params, s: MRState) -> MRState:
+        one = lambda _: self._verify(params, s, s.row[:, None])  # noqa: E731
+        if self.pool_size > 1:
+            cands, found = jax.vmap(functools.partial(build_candidates, num=self.pool_size - 1))(
+                s.pool, s.pool_len, s.pool_next, s.row, s.ra_len)
+            many = lambda _: self._verify(params, s, jnp.concatenate([s.row[:, None], cands], axis=1))  # noqa: E731
+            recycled = found.any(axis=-1)
+            d, g, k_new, v_new, win = jax.lax.cond(jnp.any(recycled & ~s.done), many, one, None)
+        else:
+            recycled = jnp.zeros_like(s.done)
+            d, g, k_new, v_new, win = one(None)
+        rows, accepted = jax.vmap(self._advance)(dataclasses.replace(s, cache=None), d, g, win, recycled)
+        return dataclasses.replace(rows, cache=s.cache.write(k_new, v_new).commit(accepted))
+
+    def _advance(self, s: MRState, d, g, win, recycled):
+        """One row's bookkeeping after the forward: ``d`` [W] is the verified row (the winner), ``g`` its
+        predictions. Returns the row's new state (unchanged once done) and how many written KV slots to commit."""
         n, K, W = self.block_size, self.num_blocks, self.width
         j = jnp.arange(W)
-        one = lambda _: self._verify(params, s, s.row[None])  # noqa: E731
-        if self.pool_size > 1:
-            cands, found = build_candidates(s.pool, s.pool_len, s.pool_next, s.row, s.ra_len, self.pool_size - 1)
-            many = lambda _: self._verify(params, s, jnp.concatenate([s.row[None], cands]))  # noqa: E731
-            recycled = found.any()
-            d, g, k_new, v_new, win = jax.lax.cond(recycled, many, one, None)
-        else:
-            recycled, (d, g, k_new, v_new, win) = jnp.bool_(False), one(None)
-
         ok, run = leading_matches(d, g, s.row_len)
         accepted, hit_eos = cap_accepted(d, jnp.minimum(1 + run, s.ra_len), s.count, s.max_new, s.eos_ids)
         out = emit(s.out, s.count, d, accepted)
         count = s.count + accepted
-        cache = s.cache.write(k_new, v_new).commit(accepted)
         done = hit_eos | (count >= s.max_new)
 
         # The Jacobi update of every in-flight position: predictions shifted past the accepted tokens.
@@ -174,26 +189,28 @@ class MRDecoder(BlockDecoder):
                 pool, pool_len, pool_next = push(pool, pool_len, pool_next, entry, length, rejected)
 
         counters = s.counters + jnp.stack([recycled, win > 0, spawn, promote, carried]).astype(jnp.int32)
-        return dataclasses.replace(
+        new = dataclasses.replace(
             s, row=shifted, row_len=row_len, ra_len=ra_len, n_pa=n_pa, pa_progress=progress, out=out, count=count,
-            block_start=jnp.where(full, count, s.block_start), done=done, cache=cache,
+            block_start=jnp.where(full, count, s.block_start), done=done,
             key=jnp.where(append, key, s.key), pool=pool, pool_len=pool_len, pool_next=pool_next,
             forwards=s.forwards + 1, block=s.block + full, block_iters=s.block_iters.at[s.block].add(1, mode="drop"),
             accept_hist=s.accept_hist.at[accepted].add(1), counters=counters, stop=stop)
+        return keep_if_done(s, new), jnp.where(s.done, 0, accepted)
 
-    def counters(self, host_state: MRState) -> dict[str, int]:
-        return {name: int(c) for name, c in zip(MR_COUNTERS, host_state.counters)}
+    def counters(self, host_row: MRState) -> dict[str, int]:
+        return {name: int(c) for name, c in zip(MR_COUNTERS, host_row.counters)}
 
 
 def generate_mr(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                 eos_ids: Sequence[int], block_size: int = 64, num_blocks: int = 2, spawn_ratio: float = 0.85,
-                pool_size: int = 4, seed: int = 0, warmup: bool = True, driver: str = "compiled",
+                pool_size: int = 4, seed: int = 0, batch_size: int = 1, warmup: bool = True, driver: str = "compiled",
                 on_tokens: OnTokens | None = None,
                 on_step: Callable[[int, MRState, MRState], None] | None = None) -> GenerationResult:
-    """Multi-block Jacobi decoding with rejection recycling ("mr"). Prompts are decoded one after another with
-    batch 1, on bucketed shapes. ``pool_size`` is the verification size: up to ``pool_size - 1`` recycled
-    candidates are verified beside the draft (1 disables recycling); ``num_blocks=1`` disables multi-block.
-    Drivers, streaming and observing as ``generate_jacobi``."""
+    """Multi-block Jacobi decoding with rejection recycling ("mr"), ``batch_size`` prompts at a time on bucketed
+    shapes (with recycling, a forward verifies ``pool_size`` rows per prompt whenever any prompt has candidates).
+    ``pool_size`` is the verification size: up to ``pool_size - 1`` recycled candidates are verified beside the
+    draft (1 disables recycling); ``num_blocks=1`` disables multi-block. Drivers, streaming and observing as
+    ``generate_jacobi``."""
     n = check_int("block_size", block_size, 1, MAX_BLOCK_SIZE)
     num_blocks = check_int("num_blocks", num_blocks, 1, MAX_NUM_BLOCKS)
     pool_size = check_int("pool_size", pool_size, 1, MAX_POOL_SIZE)
@@ -203,5 +220,5 @@ def generate_mr(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int
     decoder = MRDecoder(cfg, n, num_blocks, max(1, math.ceil(spawn_ratio * n - 1e-9)), pool_size)
     settings = dict(method="mr", num_blocks=num_blocks, spawn_ratio=float(spawn_ratio),
                     spawn_threshold=decoder.spawn_threshold, pool_size=pool_size)
-    return decode_prompts(decoder, decode_view(params), prep, eos_array(eos_ids), seed=seed, driver=driver,
-                          warmup=warmup, on_tokens=on_tokens, on_step=on_step, settings=settings)
+    return decode_prompts(decoder, decode_view(params), prep, eos_array(eos_ids), seed=seed, batch_size=batch_size,
+                          driver=driver, warmup=warmup, on_tokens=on_tokens, on_step=on_step, settings=settings)

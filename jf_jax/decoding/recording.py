@@ -46,13 +46,13 @@ def record_trajectories(params: Params, cfg: ModelConfig, prompt_ids: Sequence[i
     decoder = JacobiDecoder(cfg, n)
     params = decode_view(params)
     # The decoder itself sees no EOS ids: blocks run to their fixed points; the recorder stops at the EOS block.
-    state = decoder.init(params, prep.tokens[0], prep.lengths[0], prompt_key(seed, 0),
+    state = decoder.init(params, prep.tokens, prep.lengths, prompt_key(seed, 0)[None],
                          jnp.int32(prep.max_new_tokens), eos_array(()), prep.out_capacity, prep.cache_capacity)
     context = np.asarray(prompt_ids, np.int32)
-    states = [np.asarray(state.block_init), np.asarray(state.draft)]
+    states = [np.asarray(state.block_init[0]), np.asarray(state.draft[0])]
     blocks: list[BlockTrajectory] = []
 
-    def observe(before: JacobiState, after: JacobiState) -> bool:
+    def observe(row: int, before: JacobiState, after: JacobiState) -> bool:
         nonlocal context, states
         start = int(before.block_start)
         if int(after.count) < start + n:  # still iterating: the view is accepted prefix ++ next draft

@@ -6,7 +6,7 @@ partly rejected: (i) the last n committed tokens followed by the rejected part o
 known-correct next token ``row[0]`` yields a candidate: the entry from that token's first occurrence, over the
 RA draft's length (the row's own tokens fill what the entry lacks; the pseudo-active blocks after the RA are
 the row's own). Up to ``pool_size - 1`` candidates, newest entry first, are verified as extra batch rows of one
-forward that *shares* the committed KV: the one cache row is broadcast to the candidate rows inside each
+forward that *shares* the committed KV: a prompt's cache row is read by its candidate rows inside each
 layer, never copied per row, and only the winning row's new keys/values are written back. The winner is the
 row with the most accepted tokens (the first row on ties, so the plain draft wins unless a candidate is better).
 The pool lives for the whole generation (REF rebuilds it per block).
@@ -25,12 +25,12 @@ from jf_jax.model.params import Params
 
 
 def forward_rows(params: Params, cfg: ModelConfig, tokens, valid, cache: KVCache):
-    """Forwards ``tokens`` [R, W] (``valid`` [W] marks real tokens) over the committed prefix of a one-row
-    cache shared by all rows (``model.forward_shared_prefix``); the cache is not written.
+    """Forwards ``tokens`` [B*R, W] (``valid`` [B*R, W] marks real tokens) over the committed prefixes of a cache of
+    B rows, each shared by its R consecutive token rows (``model.forward_shared_prefix``); the cache is not written.
 
-    Returns (greedy predictions [R, W], new keys [L, R, W, K, Dh], new values).
+    Returns (greedy predictions [B*R, W], new keys [L, B*R, W, K, Dh], new values).
     """
-    hidden, new_k, new_v = forward_shared_prefix(params, cfg, tokens, cache, valid=valid[None, :])
+    hidden, new_k, new_v = forward_shared_prefix(params, cfg, tokens, cache, valid=valid)
     return greedy(logits(params, cfg, hidden)), new_k, new_v
 
 

@@ -1,15 +1,19 @@
-"""The scaffolding Jacobi and multi-block decoding share: one step function, two drivers, one per-prompt loop.
+"""The scaffolding Jacobi and multi-block decoding share: one step function, two drivers, one batched prompt loop.
 
 A block decoder is a frozen, hashable ``BlockDecoder`` (a jit static argument) that defines ``init`` (the prefill)
-and ``_step`` (one forward and its bookkeeping) over an all-array loop state. This module gives every such
-decoder the same
+and ``_step`` (one forward and its bookkeeping) over an all-array loop state of B rows (B prompts decoded
+together: one forward serves every row, then each row's bookkeeping runs on its own, under ``jax.vmap``; a
+finished row keeps its state, ``keep_if_done``). This module gives every such decoder the same
 
-* drivers: ``run_compiled`` (a ``lax.while_loop`` of the step on device, no host round trip) and
-  ``run_python`` (the same jitted step from Python: streams accepted tokens and lets an observer see every
-  state, which is how trajectories are recorded); a test asserts both give identical tokens;
-* request loop ``decode_prompts``: validation of the driver options, warm-up compilation, each prompt decoded
-  with batch 1 and timed with and without its prefill, statistics from ``decoding.stats`` and the
+* drivers: ``run_compiled`` (a ``lax.while_loop`` of the step on device until every row is done, no host round
+  trip) and ``run_python`` (the same jitted step from Python: streams accepted tokens and lets an observer see
+  every state, which is how trajectories are recorded); a test asserts both give identical tokens;
+* request loop ``decode_prompts``: validation of the options, warm-up compilation, the prompts decoded
+  ``batch_size`` at a time and timed with and without their prefill, statistics from ``decoding.stats`` and the
   ``GenerationResult``.
+
+A row's tokens do not depend on what else shares its batch: every op of the forward is batch-invariant
+(``model.cached_attention``) and the bookkeeping is per row, so batched decoding is lossless per row.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jf_jax.decoding.common import GenerationError, GenerationResult, PreparedPrompts, prompt_key
+from jf_jax.decoding.common import (MAX_BATCH_SIZE, GenerationError, GenerationResult, PreparedPrompts, check_int,
+                                    prompt_key)
 from jf_jax.decoding.stats import prompt_stats, summarize
 from jf_jax.model.config import ModelConfig
 
@@ -32,59 +37,75 @@ MAX_BLOCK_SIZE = 1024
 
 OnTokens = Callable[[int, list[int]], None]
 """Streaming callback: ``on_tokens(prompt_index, new_token_ids)``."""
-OnStep = Callable[[Any, Any], bool | None]
-"""Observer: ``on_step(state_before, state_after)`` with host copies of the loop state, once per forward; a true
-return value stops the driver early (the trajectory recorder stops after the block holding EOS)."""
+OnStep = Callable[[int, Any, Any], bool | None]
+"""Observer: ``on_step(row, state_before, state_after)`` with host copies of one row of the loop state
+(``row_view``), once per forward of a running row; a true return value stops that row (the trajectory
+recorder stops after the block holding EOS)."""
+
+
+def keep_if_done(old, new):
+    """``new``, except that a row already done keeps ``old`` (its loop state is final)."""
+    return jax.tree.map(lambda a, b: jnp.where(old.done, a, b), old, new)
+
+
+def row_view(state, row: int):
+    """Row ``row`` of a (host) loop state, without the cache: the per-row fields at their one-row shapes."""
+    return jax.tree.map(lambda x: x[row], dataclasses.replace(state, cache=None))
 
 
 @dataclasses.dataclass(frozen=True)
 class BlockDecoder:
-    """Static half of a block decoder. Subclasses define ``init`` and ``_step``; their loop state has at least
-    ``out`` [N], ``count`` [], ``done`` [], ``forwards`` [], ``block_iters`` [max_blocks], ``accept_hist``
-    [n + 1] and ``stop`` [] (a ``StopReason`` value)."""
+    """Static half of a block decoder. Subclasses define ``init`` and ``_step``; their loop state has per row at
+    least ``out`` [N], ``count`` [], ``done`` [], ``forwards`` [], ``block_iters`` [max_blocks], ``accept_hist``
+    [n + 1] and ``stop`` [] (a ``StopReason`` value), and a ``cache`` of B rows."""
 
     cfg: ModelConfig
     block_size: int
 
-    def init(self, params, prompt, prompt_len, key, max_new, eos_ids, out_capacity: int, capacity: int):
+    def init(self, params, prompts, prompt_lens, keys, max_new, eos_ids, out_capacity: int, capacity: int):
         raise NotImplementedError
 
     def _step(self, params, state):
         raise NotImplementedError
 
-    def counters(self, host_state) -> dict[str, int]:
-        """Method-specific counters of a finished state (host values) for the statistics."""
+    def counters(self, host_row) -> dict[str, int]:
+        """Method-specific counters of a finished row (``row_view`` of a host state) for the statistics."""
         return {}
 
     @functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
     def step(self, params, state):
-        """One iteration (one forward)."""
+        """One iteration (one forward of every row)."""
         return self._step(params, state)
 
     @functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
     def run_compiled(self, params, state):
-        """Iterates ``step`` on device until done: iterations and blocks in one ``lax.while_loop``."""
-        return jax.lax.while_loop(lambda s: ~s.done, lambda s: self._step(params, s), state)
+        """Iterates ``step`` on device until every row is done: iterations and blocks in one ``lax.while_loop``."""
+        return jax.lax.while_loop(lambda s: ~jnp.all(s.done), lambda s: self._step(params, s), state)
 
-    def run_python(self, params, state, on_tokens: Callable[[list[int]], None] | None = None,
+    def run_python(self, params, state, on_tokens: Callable[[int, list[int]], None] | None = None,
                    on_step: OnStep | None = None):
-        """The same step driven from Python: ``on_tokens(new_ids)`` streams, ``on_step(before, after)`` observes
-        (see ``OnStep``)."""
-        count = 0
-        if on_tokens is not None and int(state.count) > 0:
-            on_tokens(np.asarray(state.out[: int(state.count)]).tolist())
-            count = int(state.count)
-        while not bool(state.done):
+        """The same step driven from Python: ``on_tokens(row, new_ids)`` streams, ``on_step(row, before, after)``
+        observes (see ``OnStep``)."""
+        counts = np.zeros(state.done.shape[0], np.int64)
+        if on_tokens is not None:
+            for row, (out, count) in enumerate(zip(*jax.device_get((state.out, state.count)))):
+                if count > 0:
+                    on_tokens(row, out[:count].tolist())
+                counts[row] = count
+        while not bool(jnp.all(state.done)):
             before = jax.device_get(state) if on_step is not None else None
             state = self.step(params, state)
-            stop_early = on_step is not None and on_step(before, jax.device_get(state))
+            if on_step is not None:
+                after = jax.device_get(state)
+                stops = [row for row in range(len(counts)) if not before.done[row]
+                         and on_step(row, row_view(before, row), row_view(after, row))]
+                if stops:
+                    state = dataclasses.replace(state, done=state.done.at[np.asarray(stops)].set(True))
             if on_tokens is not None:
-                new_count = int(state.count)
-                if new_count > count:
-                    on_tokens(np.asarray(state.out[count:new_count]).tolist())
-                count = new_count
-            if stop_early:
-                break
+                for row, (out, count) in enumerate(zip(*jax.device_get((state.out, state.count)))):
+                    if count > counts[row]:
+                        on_tokens(row, out[counts[row]:count].tolist())
+                    counts[row] = count
         return state
 
 
@@ -96,21 +117,30 @@ def check_driver(driver: str, on_tokens, on_step) -> None:
 
 
 def decode_prompts(decoder: BlockDecoder, params, prep: PreparedPrompts, eos_ids: np.ndarray, *, seed: int,
-                   driver: str = "compiled", warmup: bool = True, on_tokens: OnTokens | None = None,
-                   on_step: Callable[[int, Any, Any], bool | None] | None = None,
+                   batch_size: int = 1, driver: str = "compiled", warmup: bool = True,
+                   on_tokens: OnTokens | None = None, on_step: Callable[[int, Any, Any], bool | None] | None = None,
                    settings: dict | None = None) -> GenerationResult:
-    """Decodes every prompt of ``prep`` with ``decoder`` (batch 1, one after another, on bucketed shapes so
-    prompts share the compiled programs). ``on_step(prompt_index, before, after)`` observes the python driver.
+    """Decodes every prompt of ``prep`` with ``decoder``, ``batch_size`` prompts at a time, on bucketed shapes
+    so batches share the compiled programs (a last, smaller batch is padded with finished rows). Prompt i draws
+    its drafts from ``prompt_key(seed, i)`` whatever its batch, so its tokens and statistics do not depend on
+    ``batch_size``. ``on_step(prompt_index, before, after)`` observes the python driver.
 
     ``warmup`` first compiles the programs with a 1-token run on the same shapes, so ``seconds`` excludes
-    compilation. ``settings`` are recorded in ``stats`` beside the per-prompt and total statistics.
+    compilation. Prompts decoded together share one wall clock: per-prompt seconds exist only for
+    ``batch_size`` 1. ``settings`` are recorded in ``stats`` beside the per-prompt and total statistics.
     """
     check_driver(driver, on_tokens, on_step)
+    num = prep.tokens.shape[0]
+    B = min(check_int("batch_size", batch_size, 1, MAX_BATCH_SIZE), num)
 
-    def run_one(i: int, max_new: int, stream=None, observe=None):
+    def run_batch(first: int, max_new: int, stream=None, observe=None):
+        idx = np.minimum(np.arange(first, first + B), num - 1)  # a short last batch repeats its last prompt
+        padding = jnp.asarray(np.arange(first, first + B) >= num)
+        keys = jnp.stack([prompt_key(seed, int(i)) for i in idx])
         start = time.perf_counter()
-        state = decoder.init(params, prep.tokens[i], prep.lengths[i], prompt_key(seed, i), jnp.int32(max_new),
-                             eos_ids, prep.out_capacity, prep.cache_capacity)
+        state = decoder.init(params, prep.tokens[idx], prep.lengths[idx], keys, jnp.int32(max_new), eos_ids,
+                             prep.out_capacity, prep.cache_capacity)
+        state = dataclasses.replace(state, done=state.done | padding)
         state.count.block_until_ready()
         prefill_done = time.perf_counter()
         if driver == "compiled":
@@ -121,18 +151,23 @@ def decode_prompts(decoder: BlockDecoder, params, prep: PreparedPrompts, eos_ids
         return host, time.perf_counter() - start, prefill_done - start
 
     if warmup:
-        run_one(0, 1)
-    token_ids, per_prompt = [], []
-    for i in range(prep.tokens.shape[0]):
-        stream = None if on_tokens is None else functools.partial(on_tokens, i)
-        observe = None if on_step is None else functools.partial(on_step, i)
-        host, seconds, prefill_seconds = run_one(i, prep.max_new_tokens, stream, observe)
-        token_ids.append(host.out[: int(host.count)].tolist())
-        per_prompt.append(prompt_stats(tokens=host.count, forwards=host.forwards, stop=host.stop, seconds=seconds,
-                                       prefill_seconds=prefill_seconds, block_iters=host.block_iters,
-                                       accept_hist=host.accept_hist, counters=decoder.counters(host)))
-    total = summarize(per_prompt)
-    stats = dict(**(settings or {}), block_size=decoder.block_size, driver=driver, seed=seed,
+        run_batch(0, 1)
+    token_ids, per_prompt, seconds, prefill_seconds = [], [], 0.0, 0.0
+    for first in range(0, num, B):
+        stream = None if on_tokens is None else (lambda row, ids, first=first: on_tokens(first + row, ids))
+        observe = None if on_step is None else (lambda row, a, b, first=first: on_step(first + row, a, b))
+        host, batch_seconds, batch_prefill = run_batch(first, prep.max_new_tokens, stream, observe)
+        seconds, prefill_seconds = seconds + batch_seconds, prefill_seconds + batch_prefill
+        timing = dict(seconds=batch_seconds, prefill_seconds=batch_prefill) if B == 1 else {}
+        for row in range(min(B, num - first)):
+            r = row_view(host, row)
+            token_ids.append(r.out[: int(r.count)].tolist())
+            per_prompt.append(prompt_stats(tokens=r.count, forwards=r.forwards, stop=r.stop, block_iters=r.block_iters,
+                                           accept_hist=r.accept_hist, counters=decoder.counters(r), **timing))
+    total = summarize(per_prompt, seconds=seconds, prefill_seconds=prefill_seconds)
+    if B == 1:
+        total = summarize(per_prompt)  # adds the median over prompts
+    stats = dict(**(settings or {}), block_size=decoder.block_size, batch_size=B, driver=driver, seed=seed,
                  per_prompt=per_prompt, total=total)
     return GenerationResult(token_ids=token_ids, forwards=[p["forwards"] for p in per_prompt],
                             seconds=total["seconds"], prefill_seconds=total["prefill_seconds"], stats=stats)

@@ -84,8 +84,9 @@ def cached_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths, *, c
     """Attention of new tokens over the committed cache prefix and each other (causal).
 
     q: [B, T, H, Dh]; k_new, v_new: [B, T, K, Dh], token i of row b at position ``lengths[b] + i``; new_valid
-    [B, T] bool (False: a padding token, never attended). cache_k, cache_v: [Bc, S, K, Dh] with Bc == B, or
-    Bc == 1 for a cache row shared by every query row; lengths: [Bc] committed slots. Returns [B, T, H, Dh] in
+    [B, T] bool (False: a padding token, never attended). cache_k, cache_v: [Bc, S, K, Dh] where Bc divides B:
+    query row b reads cache row ``b // (B // Bc)`` (Bc == 1: one cache row shared by every query row; Bc == B:
+    one each; between: groups of candidate rows per prompt); lengths: [Bc] committed slots. Returns [B, T, H, Dh] in
     q's dtype; a query that sees no key (none exists for valid queries) gets zeros.
 
     On CPUs where ``cpu_kernels`` run (and ``use_kernel``), the same semantics come from
@@ -94,8 +95,8 @@ def cached_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths, *, c
     """
     B, T, H, Dh = q.shape
     Bc, S, K, _ = cache_k.shape
-    if Bc not in (1, B):
-        raise ValueError(f"cache has {Bc} rows for {B} query rows (expected 1 or {B})")
+    if Bc < 1 or B % Bc:
+        raise ValueError(f"cache has {Bc} rows for {B} query rows (expected a divisor of {B})")
     if use_kernel and cpu_kernels.library.available() and cpu_kernels.attention_supports(Dh, q.dtype):
         return cpu_kernels.decode_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths).astype(q.dtype)
     shared = Bc == 1 and B > 1
@@ -103,7 +104,8 @@ def cached_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths, *, c
     scale = 1.0 / math.sqrt(Dh)
     qg = q.reshape(B, T, K, G, Dh)
     lengths = jnp.broadcast_to(jnp.asarray(lengths, jnp.int32), (Bc,))
-    row_len = jnp.broadcast_to(lengths, (B,))
+    cache_rows = jnp.arange(B) // (B // Bc)  # the cache row each query row reads
+    row_len = lengths[cache_rows]
     first = row_len // chunk  # [B] first frontier chunk
     q_pos = row_len[:, None] + jnp.arange(T, dtype=jnp.int32)  # [B, T]
 
@@ -113,7 +115,6 @@ def cached_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths, *, c
     rel = idx - row_len[:, None]
     from_block = (rel >= 0) & (rel < T)
     take_block = jnp.clip(rel, 0, T - 1)
-    cache_rows = jnp.zeros((B,), jnp.int32) if Bc == 1 else jnp.arange(B)
     take_cache = jnp.clip(idx, 0, S - 1)
 
     def assemble(new, cached):
@@ -145,6 +146,8 @@ def cached_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths, *, c
             return (m,) + _fold(zeros_l, zeros_acc, sums, acc)
         return run
 
+    if not shared and Bc != B:  # groups of query rows per cache row: this fallback reads a copy per query row
+        cache_k, cache_v = cache_k[cache_rows], cache_v[cache_rows]
     need = jnp.max(first)
     branch = jnp.sum(jnp.asarray(sizes[1:], jnp.int32) < need) + jnp.where(need > 0, 1, 0)
     m, total_l, total_acc = jax.lax.switch(branch, [part_a(n) for n in sizes], m_b)

@@ -24,6 +24,7 @@ from cpu_kernels import PackedWeight, pack_weight
 from cpu_kernels.bf16_gemm import unpack_weight
 from jf_jax.model.config import ModelConfig
 from jf_jax.model.params import Params
+from jf_jax.model.quantize import Int8Weight, dequantize_weight, quantize_weight
 
 # Weights that multiply activations as ``x @ w`` with the output on w's last axis: the ones split into shards
 # (or packed), with how many leading axes of each are contracted.
@@ -44,11 +45,12 @@ class DecodeView:
     embed: jax.Array
     """[V, D] token embedding."""
     layers: tuple[dict, ...]
-    """One dict per layer: norms and biases as arrays, ``MATMUL_WEIGHTS`` as ``Shards`` or ``PackedWeight``."""
+    """One dict per layer: norms and biases as arrays, ``MATMUL_WEIGHTS`` as ``Shards``, ``PackedWeight`` or
+    ``Int8Weight`` (the last two fused per ``FUSED``)."""
     final_norm: jax.Array
     """[D]."""
-    lm_head: Shards | PackedWeight | None
-    """[D, V] output projection as shards or packed; None for tied embeddings held unsplit (the embedding is
+    lm_head: Shards | PackedWeight | Int8Weight | None
+    """[D, V] output projection as shards, packed or int8; None for tied embeddings held unsplit (the embedding is
     reused)."""
     column_shards: int = dataclasses.field(default=1, metadata=dict(static=True))
 
@@ -61,36 +63,41 @@ def _split(w, n: int) -> Shards:
     return tuple(jnp.array(s) for s in jnp.array_split(w, n, axis=-1))
 
 
-def decode_view(params: Params | DecodeView, column_shards: int = 1, pack: bool = False) -> DecodeView:
+def decode_view(params: Params | DecodeView, column_shards: int = 1, pack: bool = False,
+                int8: bool = False) -> DecodeView:
     """The decode view of the declared (stacked) ``params``; a ``DecodeView`` is returned unchanged.
 
     With ``column_shards`` > 1 the output projection is split too (for tied embeddings: a transposed copy of
     the embedding, the price of using every core for the largest matmul of a step). With ``pack`` every matmul
     weight, the output projection included, is packed for ``cpu_kernels.gemm`` (bfloat16; the kernel uses every
-    core itself, so ``column_shards`` must be 1).
+    core itself, so ``column_shards`` must be 1). With ``int8`` they are quantised instead (``model.quantize``:
+    W8A8, a lossy approximation of the model); the embedding table itself keeps its dtype.
     """
     if isinstance(params, DecodeView):
         return params
     if not isinstance(column_shards, int) or column_shards < 1:
         raise ValueError(f"column_shards must be a positive integer, got {column_shards!r}")
-    if pack and column_shards != 1:
-        raise ValueError("packed weights are not split in column shards (the kernel threads itself)")
+    if (pack or int8) and column_shards != 1:
+        raise ValueError("packed or int8 weights are not split in column shards")
+    if pack and int8:
+        raise ValueError("choose one of pack (bfloat16 kernel) and int8")
+    prepare = quantize_weight if int8 else pack_weight
     stacked = params["layers"]
     num_layers = next(iter(stacked.values())).shape[0]
 
     def layer(i: int) -> dict:
         out = {k: v[i] for k, v in stacked.items() if k not in MATMUL_WEIGHTS}
-        if not pack:
+        if not (pack or int8):
             return out | {k: _split(stacked[k][i], column_shards) for k in MATMUL_WEIGHTS}
-        fused = {f: pack_weight(jnp.concatenate([stacked[n][i].reshape(stacked[n].shape[1], -1) for n in names], -1))
+        fused = {f: prepare(jnp.concatenate([stacked[n][i].reshape(stacked[n].shape[1], -1) for n in names], -1))
                  for f, names in FUSED.items()}
-        return out | fused | {"wo": pack_weight(stacked["wo"][i], 2), "w_down": pack_weight(stacked["w_down"][i])}
+        return out | fused | {"wo": prepare(stacked["wo"][i], 2), "w_down": prepare(stacked["w_down"][i])}
 
     layers = tuple(layer(i) for i in range(num_layers))
     if "lm_head" in params:
-        lm_head = pack_weight(params["lm_head"]) if pack else _split(params["lm_head"], column_shards)
-    elif pack:
-        lm_head = pack_weight(params["embed"].T)
+        lm_head = prepare(params["lm_head"]) if pack or int8 else _split(params["lm_head"], column_shards)
+    elif pack or int8:
+        lm_head = prepare(params["embed"].T)
     else:
         lm_head = _split(params["embed"].T, column_shards) if column_shards > 1 else None
     return DecodeView(embed=params["embed"], layers=layers, final_norm=params["final_norm"], lm_head=lm_head,
@@ -101,9 +108,12 @@ def stacked_params(params: Params | DecodeView, cfg: ModelConfig) -> Params:
     """The declared layout of ``params`` (a stacked tree is returned unchanged): the inverse of ``decode_view``."""
     if not isinstance(params, DecodeView):
         return params
+    def unprepared(w):
+        return unpack_weight(w) if isinstance(w, PackedWeight) else dequantize_weight(w, cfg.weight_dtype)
+
     def join(w):
-        if isinstance(w, PackedWeight):
-            return unpack_weight(w)
+        if isinstance(w, (PackedWeight, Int8Weight)):
+            return unprepared(w)
         return jnp.concatenate(w, axis=-1) if len(w) > 1 else w[0]
 
     shapes = {"wq": (cfg.num_heads, cfg.head_dim), "wk": (cfg.num_kv_heads, cfg.head_dim),
@@ -114,7 +124,7 @@ def stacked_params(params: Params | DecodeView, cfg: ModelConfig) -> Params:
         out = dict(layer)
         for f, names in FUSED.items():
             if f in out:
-                w = unpack_weight(out.pop(f))
+                w = unprepared(out.pop(f))
                 ends = list(itertools.accumulate(math.prod(shapes[n]) for n in names))
                 for n, part in zip(names, jnp.split(w, ends[:-1], axis=-1)):
                     out[n] = part.reshape(w.shape[:1] + shapes[n])

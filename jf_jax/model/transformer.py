@@ -20,6 +20,7 @@ from jf_jax.model.decode_view import MATMUL_WEIGHTS, DecodeView, Shards
 from jf_jax.model.kv_cache import KVCache
 from cpu_kernels import PackedWeight, gemm
 from jf_jax.model.cached_attention import cached_attention
+from jf_jax.model.quantize import Int8Weight, int8_matmul
 from jf_jax.model.token_meta import causal_meta
 from jf_jax.model.params import Params
 from pallas_kernels.mask import MASK_NOISE_CONDITIONED, TokenMeta
@@ -87,26 +88,32 @@ def _row_dot(equation: str, x, w, lead: int, row_tile: int | None):
     return tiles.reshape(x.shape[:lead] + tiles.shape[1:])
 
 
-def dense(equation: str, x, shards: Shards | PackedWeight, dtype, row_tile: int | None = None):
+def _prepared_matmul(x, w: PackedWeight | Int8Weight):
+    """``x @ w`` (float32) for a weight prepared at load time: packed bfloat16 (``cpu_kernels.gemm``) or int8."""
+    return gemm(x, w) if isinstance(w, PackedWeight) else int8_matmul(x, w)
+
+
+def dense(equation: str, x, shards: Shards | PackedWeight | Int8Weight, dtype, row_tile: int | None = None):
     """``einsum(equation, x, w)`` accumulated in float32, for ``w`` given as ``Shards``: one weight split along
-    its last axis (a 1-tuple when unsplit), concatenated back; or packed for ``cpu_kernels.gemm`` (bfloat16).
+    its last axis (a 1-tuple when unsplit), concatenated back; or prepared at load time: packed for
+    ``cpu_kernels.gemm`` (bfloat16) or quantised (``model.quantize``, int8).
     ``equation`` names x's two leading (row) axes first; ``row_tile`` (see ``ROW_TILES``) bounds the rows of one dot.
 
     The shards' dots are independent, so XLA's CPU runtime runs them on different cores: a one-token step is
     a chain of matrix-vector products, and one XLA dot runs on a single core.
     """
-    if isinstance(shards, PackedWeight):
-        return gemm(x, shards)
+    if isinstance(shards, (PackedWeight, Int8Weight)):
+        return _prepared_matmul(x, shards)
     outs = [_row_dot(equation, x, s.astype(dtype), 2, row_tile) for s in shards]
     return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=-1)
 
 
 def _projections(layer: Params, h, fused: str, names, shapes, equation: str, dtype, row_tile):
-    """The projections ``names`` of the same input ``h`` (shaped [B, T, *shape]): one call of a fused packed
+    """The projections ``names`` of the same input ``h`` (shaped [B, T, *shape]): one call of a fused prepared
     weight (``decode_view.FUSED``) when the layer holds it, else one ``dense`` per weight."""
     if fused not in layer:
         return [dense(equation, h, layer[n], dtype, row_tile) for n in names]
-    out = gemm(h, layer[fused])
+    out = _prepared_matmul(h, layer[fused])
     ends = list(itertools.accumulate(math.prod(s) for s in shapes))
     return [part.reshape(h.shape[:2] + s) for part, s in zip(jnp.split(out, ends[:-1], axis=-1), shapes)]
 
@@ -160,8 +167,9 @@ def _stack(params: Params | DecodeView, cfg: ModelConfig, tokens, positions, q_m
            mask_kind: str):
     """Embedding, every layer and the final norm. Returns (hidden, new keys, new values [L, B, T, K, Dh]).
 
-    With a cache the tokens attend through ``cached_attention``; a one-row cache serves every row of ``tokens``
-    (shared inside each layer, never copied per row), and a lone token is run as two (``_pad_one_row``).
+    With a cache the tokens attend through ``cached_attention``; a cache of Bc rows serves B rows of ``tokens``
+    in groups of B // Bc (shared inside each layer, never copied per row), and a lone token is run as two
+    (``_pad_one_row``).
     """
     B, T = tokens.shape
     if cache is not None and B * T == 1:
@@ -234,19 +242,22 @@ def forward(params: Params | DecodeView, cfg: ModelConfig, tokens, positions=Non
 
 
 def forward_shared_prefix(params: Params | DecodeView, cfg: ModelConfig, tokens, cache: KVCache, valid=None):
-    """Forwards R candidate rows [R, W] over the committed prefix of a *one-row* cache that they all share.
+    """Forwards candidate rows [Bc*R, W] over the committed prefix of a cache of Bc rows, R rows per cache row
+    (rows ``b*R ... b*R + R - 1`` read cache row b; Bc == 1: every row shares one).
 
-    Row r's tokens sit at positions ``cache.lengths[0] + arange(W)``; ``valid`` [R, W] (default all) marks
-    padding queries as False. The cache is shared by the rows inside each layer (never copied per row)
-    and not written: returns (hidden [R, W, D], new keys, new values [L, R, W, K, Dh]) so the caller can
+    Row r's tokens sit at positions ``lengths[r // R] + arange(W)``; ``valid`` [Bc*R, W] (default all) marks
+    padding queries as False. A cache row is shared by its R rows inside each layer (never copied per row)
+    and not written: returns (hidden [Bc*R, W, D], new keys, new values [L, Bc*R, W, K, Dh]) so the caller can
     write back only the row it keeps (rejection recycling).
     """
     tokens = jnp.asarray(tokens, jnp.int32)
-    if cache.batch_size != 1:
-        raise ValueError(f"forward_shared_prefix needs a one-row cache, got {cache.batch_size} rows")
-    R, W = tokens.shape
-    positions = jnp.broadcast_to(cache.lengths[0] + jnp.arange(W, dtype=jnp.int32), (R, W))
-    q_meta = causal_meta(positions, valid=None if valid is None else jnp.broadcast_to(valid, (R, W)))
+    rows, W = tokens.shape
+    if rows % cache.batch_size:
+        raise ValueError(f"forward_shared_prefix: {rows} rows are not a multiple of the cache's "
+                         f"{cache.batch_size} rows")
+    starts = jnp.repeat(cache.lengths, rows // cache.batch_size)
+    positions = starts[:, None] + jnp.arange(W, dtype=jnp.int32)
+    q_meta = causal_meta(positions, valid=None if valid is None else jnp.broadcast_to(valid, (rows, W)))
     return _stack(params, cfg, tokens, positions, q_meta, cache, MASK_NOISE_CONDITIONED)
 
 
@@ -261,8 +272,8 @@ def logits(params: Params | DecodeView, cfg: ModelConfig, hidden):
     if rows.shape[0] == 1:
         rows = jnp.concatenate([rows, rows])
     row_tile = _decode_row_tile(params, cfg)
-    if isinstance(head, PackedWeight):
-        out = gemm(rows, head)
+    if isinstance(head, (PackedWeight, Int8Weight)):
+        out = _prepared_matmul(rows, head)
     elif head is not None:
         out = jnp.concatenate([_row_dot("nd,dv->nv", rows, s.astype(dt), 1, row_tile) for s in head], axis=-1)
     else:
