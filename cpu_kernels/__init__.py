@@ -1,6 +1,7 @@
 """CPU kernels for jf-jax's decode steps (XLA FFI custom calls), each beside plain-JAX code with its semantics.
 
 * ``bf16_gemm``: a small-M bfloat16 GEMM over weights packed once at load time (twin: ``gemm_reference``);
+* ``int8_gemm``: the W8A8 matmul, rows quantised to int8 and an exact int32 product (twin: ``w8a8_reference``);
 * ``decode_attention``: a step's attention over the KV cache (twin: ``jf_jax.model.cached_attention``).
 
 ``library`` builds nothing: ``python -m cpu_kernels.build`` compiles them (scripts/install.sh runs it), and
@@ -8,8 +9,10 @@
 """
 
 from cpu_kernels.bf16_gemm import PackedWeight, gemm, gemm_reference, pack_weight
+from cpu_kernels.int8_gemm import PackedInt8, pack_int8, quantize_rows, unpack_int8, w8a8_matmul, w8a8_reference
 from cpu_kernels.decode_attention import decode_attention, supports as attention_supports
 from cpu_kernels.library import available, unavailable_reason
 
-__all__ = ["PackedWeight", "attention_supports", "available", "decode_attention", "gemm", "gemm_reference",
-           "pack_weight", "unavailable_reason"]
+__all__ = ["PackedInt8", "PackedWeight", "attention_supports", "available", "decode_attention", "gemm",
+           "gemm_reference", "pack_int8", "pack_weight", "quantize_rows", "unavailable_reason", "unpack_int8",
+           "w8a8_matmul", "w8a8_reference"]

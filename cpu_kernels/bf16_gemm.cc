@@ -9,11 +9,10 @@
 // tile's slab from cache), so a step of 2..16 rows costs about what one row does until compute catches up.
 #include <immintrin.h>
 
-#include <atomic>
 #include <cstdint>
 #include <cstring>
-#include <memory>
 
+#include "parallel_parts.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -73,24 +72,6 @@ void RunTiles(const Gemm& g, int64_t t0, int64_t t1) {
   }
 }
 
-// Parts of the column range are claimed from a counter by the calling thread and by helpers scheduled on
-// XLA's intra-op pool; the caller only waits for parts already being computed, so a helper that starts late
-// (or never, when the pool is busy) cannot stall it. The shared state outlives any late helper.
-struct Work {
-  Gemm g;
-  int64_t parts, tiles_per_part;
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> done{0};
-  void Drain() {
-    for (int64_t p; (p = next.fetch_add(1, std::memory_order_relaxed)) < parts;) {
-      const int64_t t0 = p * tiles_per_part;
-      const int64_t t1 = t0 + tiles_per_part < g.NT ? t0 + tiles_per_part : g.NT;
-      RunTiles(g, t0, t1);
-      done.fetch_add(1, std::memory_order_release);
-    }
-  }
-};
-
 ffi::Error Bf16GemmImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::Buffer<ffi::BF16> packed,
                         ffi::ResultBuffer<ffi::F32> out) {
   auto xd = x.dimensions();
@@ -110,13 +91,11 @@ ffi::Error Bf16GemmImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::Buf
     RunTiles(g, 0, NT);
     return ffi::Error::Success();
   }
-  auto work = std::make_shared<Work>();
-  work->g = g;
-  work->tiles_per_part = tiles_per_part;
-  work->parts = (NT + tiles_per_part - 1) / tiles_per_part;
-  for (int64_t i = 1; i < threads; ++i) pool.Schedule([work] { work->Drain(); });
-  work->Drain();
-  while (work->done.load(std::memory_order_acquire) < work->parts) _mm_pause();
+  const int64_t parts = (NT + tiles_per_part - 1) / tiles_per_part;
+  jf_cpu::RunParts(pool, parts, [g, tiles_per_part](int64_t p) {
+    const int64_t t0 = p * tiles_per_part;
+    RunTiles(g, t0, t0 + tiles_per_part < g.NT ? t0 + tiles_per_part : g.NT);
+  });
   return ffi::Error::Success();
 }
 

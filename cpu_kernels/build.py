@@ -1,6 +1,6 @@
 """Builds the CPU kernels with the system C++ compiler: ``python -m cpu_kernels.build`` (run by scripts/install.sh).
 
-Exits 0 with a note when the machine cannot build or run them (no compiler, no AVX512-BF16): jf-jax then uses
+Exits 0 with a note when the machine cannot build or run them (no compiler, no AVX512-BF16 / VNNI): jf-jax then uses
 the plain-JAX references in XLA (same semantics, slower).
 """
 
@@ -14,7 +14,8 @@ import jax
 
 from cpu_kernels import library
 
-FLAGS = ["-O3", "-std=c++17", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-fPIC", "-shared", "-w"]
+FLAGS = ["-O3", "-std=c++17", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni", "-fPIC",
+         "-shared", "-w"]
 
 
 def build(quiet: bool = False) -> bool:

@@ -14,14 +14,13 @@
 // token the same bits.
 #include <immintrin.h>
 
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <memory>
 #include <vector>
 
+#include "parallel_parts.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -245,22 +244,6 @@ void AttendItem(const Args<E>& a, int64_t b, int64_t kh, int64_t t0, int64_t t1)
     }
 }
 
-template <typename E>
-struct Work {
-  Args<E> a;
-  int64_t chunks, items;
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> done{0};
-  void Drain() {
-    for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < items;) {
-      const int64_t c = i % chunks, bk = i / chunks;
-      const int64_t t0 = c * kRowsPerItem, t1 = t0 + kRowsPerItem < a.T ? t0 + kRowsPerItem : a.T;
-      AttendItem(a, bk / a.K, bk % a.K, t0, t1);
-      done.fetch_add(1, std::memory_order_release);
-    }
-  }
-};
-
 template <ffi::DataType DT, typename E>
 ffi::Error Attend(ffi::ThreadPool pool, ffi::Buffer<DT> q, ffi::Buffer<DT> k_new, ffi::Buffer<DT> v_new,
                   ffi::Buffer<ffi::S32> valid, ffi::Buffer<DT> cache_k, ffi::Buffer<DT> cache_v,
@@ -277,14 +260,12 @@ ffi::Error Attend(ffi::ThreadPool pool, ffi::Buffer<DT> q, ffi::Buffer<DT> k_new
     return ffi::Error::InvalidArgument("decode_attention: head_dim must be a multiple of 32, heads a multiple of "
                                        "kv heads, and the query rows a multiple of the cache rows");
   }
-  auto work = std::make_shared<Work<E>>();
-  work->a = a;
-  work->chunks = (a.T + kRowsPerItem - 1) / kRowsPerItem;
-  work->items = a.B * a.K * work->chunks;
-  const int64_t helpers = pool.num_threads() > 1 ? pool.num_threads() - 1 : 0;
-  for (int64_t i = 0; i < helpers && i + 1 < work->items; ++i) pool.Schedule([work] { work->Drain(); });
-  work->Drain();
-  while (work->done.load(std::memory_order_acquire) < work->items) _mm_pause();
+  const int64_t chunks = (a.T + kRowsPerItem - 1) / kRowsPerItem;
+  jf_cpu::RunParts(pool, a.B * a.K * chunks, [a, chunks](int64_t i) {
+    const int64_t c = i % chunks, bk = i / chunks;
+    const int64_t t0 = c * kRowsPerItem, t1 = t0 + kRowsPerItem < a.T ? t0 + kRowsPerItem : a.T;
+    AttendItem(a, bk / a.K, bk % a.K, t0, t1);
+  });
   return ffi::Error::Success();
 }
 

@@ -13,10 +13,13 @@ import pathlib
 import jax
 
 HERE = pathlib.Path(__file__).resolve().parent
-SOURCES = (HERE / "bf16_gemm.cc", HERE / "decode_attention.cc")
+SOURCES = (HERE / "bf16_gemm.cc", HERE / "int8_gemm.cc", HERE / "decode_attention.cc")
+HEADERS = (HERE / "parallel_parts.h",)
 LIBRARY = HERE / "_build" / "libjf_cpu_kernels.so"
 TARGETS = {  # FFI target name -> exported handler symbol
     "jf_bf16_gemm": "JfBf16Gemm",
+    "jf_w8a8_bf16": "JfW8A8Bf16",
+    "jf_w8a8_f32": "JfW8A8F32",
     "jf_decode_attention_bf16": "JfDecodeAttentionBf16",
     "jf_decode_attention_f32": "JfDecodeAttentionF32",
 }
@@ -31,11 +34,12 @@ def unavailable_reason() -> str | None:
         flags = pathlib.Path("/proc/cpuinfo").read_text()
     except OSError:
         return "cannot read /proc/cpuinfo to check for AVX512-BF16"
-    if "avx512_bf16" not in flags:
-        return "this CPU has no AVX512-BF16"
+    missing = [f for f in ("avx512_bf16", "avx512_vnni") if f not in flags]
+    if missing:
+        return f"this CPU lacks {', '.join(missing)}"
     if not LIBRARY.exists():
         return f"{LIBRARY} is not built (python -m cpu_kernels.build)"
-    if any(LIBRARY.stat().st_mtime < source.stat().st_mtime for source in SOURCES):
+    if any(LIBRARY.stat().st_mtime < source.stat().st_mtime for source in SOURCES + HEADERS):
         return f"{LIBRARY} is older than its sources (python -m cpu_kernels.build)"
     library = ctypes.cdll.LoadLibrary(str(LIBRARY))
     for target, symbol in TARGETS.items():

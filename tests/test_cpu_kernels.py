@@ -1,5 +1,6 @@
-"""``cpu_kernels.bf16_gemm``: the FFI kernel and its plain-JAX twin agree, rows never depend on each other, packing
-round-trips, and the decode view built on packed weights gives the model's logits and AR == jacobi bitwise.
+"""``cpu_kernels``: each FFI kernel (bf16 GEMM, W8A8 matmul, decode attention) and its plain-JAX twin agree, rows
+never depend on each other, packing round-trips, and the decode view built on packed weights gives the model's
+logits and AR == jacobi bitwise.
 
 The kernel tests skip with the reason when the kernel cannot run here (no AVX512-BF16, not built); on the dev and
 CI machines it is built by scripts/install.sh and runs.
@@ -108,3 +109,25 @@ def test_attention_kernel_matches_its_jax_twin_and_is_batch_invariant(dtype):
     np.testing.assert_array_equal(grouped[:3], shared)
     alone = np.asarray(kernel(rows(q), rows(k), rows(v), valid, other_k, other_v, jnp.asarray([33], jnp.int32)))
     np.testing.assert_array_equal(grouped[3:], alone)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("M", [1, 2, 7, 33])
+def test_w8a8_kernel_gives_its_twins_bits(dtype, M):
+    rng = np.random.default_rng(M)
+    K, N = 96, 150  # N not a multiple of 16
+    values = jnp.asarray(rng.integers(-127, 128, (K, N)), jnp.int8)
+    packed = cpu_kernels.pack_int8(values, jnp.asarray(rng.uniform(1e-3, 1e-1, N), jnp.float32))
+    np.testing.assert_array_equal(np.asarray(cpu_kernels.unpack_int8(packed)), np.asarray(values))
+    x = rng.standard_normal((M, K)) * rng.uniform(0.1, 50, (M, 1))
+    x[0, : K // 2] = np.round(x[0, : K // 2])  # values that quantise to exact halves: ties round to even
+    if M > 2:
+        x[2] = 0.0  # a zero row: scale 1, zeros out
+    x = jnp.asarray(x, jnp.dtype(dtype))
+    got = np.asarray(jax.jit(cpu_kernels.w8a8_matmul)(x, packed))
+    want = np.asarray(jax.jit(cpu_kernels.w8a8_reference)(x, packed))
+    np.testing.assert_array_equal(got, want)
+    if M > 2:
+        assert not got[2].any()
+    np.testing.assert_array_equal(np.asarray(jax.jit(cpu_kernels.w8a8_matmul)(x[1:2], packed)), got[1:2])

@@ -7,21 +7,23 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from cpu_kernels import quantize_rows, unpack_int8
 from jf_jax.decoding.ar import generate_ar
 from jf_jax.decoding.jacobi import generate_jacobi
 from jf_jax.decoding.multiblock import generate_mr
 from jf_jax.model.decode_view import decode_view, stacked_params
-from jf_jax.model.quantize import dequantize_weight, int8_matmul, quantize_rows, quantize_weight
+from jf_jax.model.quantize import dequantize_weight, int8_matmul, quantize_weight
 from tests.support.decoding_models import CFG, MAX_NEW, MAX_PROMPT, VOCAB, random_params
 
 
 def test_weights_round_to_within_half_a_step_per_output_channel():
     w = jax.random.normal(jax.random.PRNGKey(0), (48, 3, 8)) * jnp.arange(1, 25).reshape(3, 8)
     q = quantize_weight(w)
-    assert q.data.dtype == jnp.int8 and q.data.shape == (48, 24) and q.scale.shape == (24,)
+    assert q.packed.data.dtype == jnp.int8 and q.packed.k == 48 and q.packed.n == 24
     err = np.abs(np.asarray(dequantize_weight(q)) - np.asarray(w)).reshape(48, 24)
-    assert (err <= np.asarray(q.scale) / 2 + 1e-6).all()
-    assert int(jnp.max(jnp.abs(q.data.astype(jnp.int32)))) == 127  # every channel uses the whole range
+    assert (err <= np.asarray(q.packed.scale[:24]) / 2 + 1e-6).all()
+    values = np.abs(np.asarray(unpack_int8(q.packed), np.int32))
+    assert (values.max(axis=0) == 127).all()  # every channel uses the whole range
     zero = quantize_weight(jnp.zeros((4, 2)))
     assert not np.asarray(dequantize_weight(zero)).any()
 
