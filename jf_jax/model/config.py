@@ -44,6 +44,10 @@ class ModelConfig:
     param_dtype: str = "float32"
     attention_impl: str = "reference"
     """"reference" (plain JAX) or "pallas" (the flash kernel in pallas_kernels)."""
+    remat: bool = False
+    """Training: recompute each layer's activations in the backward pass (the ``lax.scan`` body under
+    ``jax.checkpoint``) instead of keeping every layer's. Measured on the 2-core CPU, SmolLM2-135M, 320 tokens:
+    the bfloat16 stack's gradient 2.3 s -> 1.4 s (less memory traffic beats the recomputation); float32 unchanged."""
 
     def __post_init__(self):
         if self.architecture not in SUPPORTED_ARCHITECTURES:

@@ -9,6 +9,7 @@ many tokens or rows share its forward), and their keys/values are written at the
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 
@@ -70,18 +71,52 @@ def _attend(cfg: ModelConfig, q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, mas
 ROW_TILES = {"float32": 32}
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def mixed_einsum(equation: str, x, w):
+    """``einsum(equation, x, w)`` with w cast to x's dtype, accumulated in float32, whose backward runs its dots
+    in x's dtype too.
+
+    A bfloat16 forward dot returns float32, so its cotangent is float32 and autodiff's backward dots would run
+    in float32 (measured: no faster than a float32 model). Here the cotangent is cast to x's dtype first, as
+    mixed-precision training does: both backward dots take bf16 operands (YNNPACK's fast kernels) and still
+    accumulate in float32, and the weight gradient is returned in w's own dtype (float32 master weights get an
+    unrounded float32 gradient). Every index of ``equation`` must appear in exactly two of its three terms
+    (true of the model's projections).
+    """
+    return jnp.einsum(equation, x, w.astype(x.dtype), preferred_element_type=jnp.float32)
+
+
+def _mixed_einsum_fwd(equation, x, w):
+    return mixed_einsum(equation, x, w), (x, w)
+
+
+def _mixed_einsum_bwd(equation, residuals, g):
+    x, w = residuals
+    ins, out = equation.split("->")
+    x_sub, w_sub = ins.split(",")
+    g = g.astype(x.dtype)
+    dx = jnp.einsum(f"{out},{w_sub}->{x_sub}", g, w.astype(x.dtype), preferred_element_type=jnp.float32)
+    dw = jnp.einsum(f"{x_sub},{out}->{w_sub}", x, g, preferred_element_type=jnp.float32)
+    return dx.astype(x.dtype), dw.astype(w.dtype)
+
+
+mixed_einsum.defvjp(_mixed_einsum_fwd, _mixed_einsum_bwd)
+
+
 def _row_dot(equation: str, x, w, lead: int, row_tile: int | None):
-    """``einsum(equation, x, w)`` in float32; with ``row_tile``, rows (x's ``lead`` leading axes) are computed in
-    groups of at most ``row_tile`` (a ``lax.map``), so a row's bits never depend on how many rows there are."""
+    """``einsum(equation, x, w)`` in float32 (w cast to x's dtype, ``mixed_einsum``); with ``row_tile``, rows (x's
+    ``lead`` leading axes) are computed in groups of at most ``row_tile`` (a ``lax.map``), so a row's bits never
+    depend on how many rows there are."""
     rows = math.prod(x.shape[:lead])
     if row_tile is None or rows <= row_tile:
-        return jnp.einsum(equation, x, w, preferred_element_type=jnp.float32)
+        return mixed_einsum(equation, x, w)
     ins, out = equation.split("->")
     x_sub, w_sub = ins.split(",")
     flat_eq = f"m{x_sub[lead:]},{w_sub}->m{out[lead:]}"
     groups = -(-rows // row_tile)
     flat = x.reshape((rows,) + x.shape[lead:])
     flat = jnp.pad(flat, [(0, groups * row_tile - rows)] + [(0, 0)] * (flat.ndim - 1))
+    w = w.astype(x.dtype)
     tiles = jax.lax.map(lambda t: jnp.einsum(flat_eq, t, w, preferred_element_type=jnp.float32),
                         flat.reshape((groups, row_tile) + flat.shape[1:]))
     tiles = tiles.reshape((groups * row_tile,) + tiles.shape[2:])[:rows]
@@ -104,7 +139,7 @@ def dense(equation: str, x, shards: Shards | PackedWeight | Int8Weight, dtype, r
     """
     if isinstance(shards, (PackedWeight, Int8Weight)):
         return _prepared_matmul(x, shards)
-    outs = [_row_dot(equation, x, s.astype(dtype), 2, row_tile) for s in shards]
+    outs = [_row_dot(equation, x.astype(dtype), s, 2, row_tile) for s in shards]
     return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=-1)
 
 
@@ -197,7 +232,8 @@ def _stack(params: Params | DecodeView, cfg: ModelConfig, tokens, positions, q_m
     else:
         # The declared layout: stacked layers under ``lax.scan`` (training), each weight one unsplit shard.
         layers = {k: (w,) if k in MATMUL_WEIGHTS else w for k, w in params["layers"].items()}
-        x, (new_k, new_v) = jax.lax.scan(body, x, (layers, None if cache is None else (cache.k, cache.v)))
+        step = jax.checkpoint(body) if cfg.remat else body
+        x, (new_k, new_v) = jax.lax.scan(step, x, (layers, None if cache is None else (cache.k, cache.v)))
     return rms_norm(x, final_norm, cfg.rms_norm_eps), new_k, new_v
 
 
@@ -275,9 +311,9 @@ def logits(params: Params | DecodeView, cfg: ModelConfig, hidden):
     if isinstance(head, (PackedWeight, Int8Weight)):
         out = _prepared_matmul(rows, head)
     elif head is not None:
-        out = jnp.concatenate([_row_dot("nd,dv->nv", rows, s.astype(dt), 1, row_tile) for s in head], axis=-1)
+        out = jnp.concatenate([_row_dot("nd,dv->nv", rows, s, 1, row_tile) for s in head], axis=-1)
     else:
-        out = _row_dot("nd,vd->nv", rows, embed.astype(dt), 1, row_tile)
+        out = _row_dot("nd,vd->nv", rows, embed, 1, row_tile)
     return out[: math.prod(hidden.shape[:-1])].reshape(hidden.shape[:-1] + (out.shape[-1],))
 
 

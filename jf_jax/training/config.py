@@ -34,6 +34,11 @@ class ModelSection:
     path: str | None = None
     config: dict | None = None
     """ModelConfig fields (``jf_jax.model.config.ModelConfig``) for ``source: random``."""
+    compute_dtype: str | None = None
+    """Overrides the model's compute dtype for training ("bfloat16": bf16 matmuls forward and backward with float32
+    master weights, optimizer state and loss); None keeps the model's."""
+    remat: bool | None = None
+    """Overrides ``ModelConfig.remat`` (recompute layer activations in the backward); None keeps the model's."""
 
     def __post_init__(self):
         if self.source not in MODEL_SOURCES:
@@ -42,6 +47,8 @@ class ModelSection:
             raise ConfigKeyError("model.source=random needs model.config (ModelConfig fields)")
         if self.source == "run" and not self.path:
             raise ConfigKeyError("model.source=run needs model.path (a training run directory)")
+        if self.compute_dtype not in (None, "float32", "bfloat16"):
+            raise ConfigKeyError(f"model.compute_dtype must be float32 or bfloat16, got {self.compute_dtype!r}")
         if self.source == "pretrained" and not self.path:
             raise ConfigKeyError("model.source=pretrained needs model.path (e.g. smollm2-135m, a .gguf, a HF dir)")
 

@@ -62,11 +62,19 @@ def _pretrained(spec: str):
 
 
 def model_config(tcfg: TrainConfig) -> ModelConfig:
+    """The model's config with the training overrides of ``model.compute_dtype`` / ``model.remat`` (master weights
+    stay float32)."""
     if tcfg.model.source == "random":
-        return ModelConfig.from_dict(tcfg.model.config)
-    if tcfg.model.source == "pretrained":
-        return _pretrained(tcfg.model.path).cfg
-    return rd.load_model_config(tcfg.model.path)
+        cfg = ModelConfig.from_dict(tcfg.model.config)
+    elif tcfg.model.source == "pretrained":
+        cfg = _pretrained(tcfg.model.path).cfg
+    else:
+        cfg = rd.load_model_config(tcfg.model.path)
+    if tcfg.model.compute_dtype is not None:
+        cfg = cfg.replace(dtype=tcfg.model.compute_dtype, param_dtype="float32")
+    if tcfg.model.remat is not None:
+        cfg = cfg.replace(remat=tcfg.model.remat)
+    return cfg
 
 
 def base_model_spec(tcfg: TrainConfig) -> str | None:

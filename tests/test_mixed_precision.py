@@ -1,0 +1,59 @@
+"""Training in bfloat16 with float32 master weights: ``mixed_einsum``'s backward (bf16 dots, float32 accumulation,
+float32 weight gradients) and per-layer rematerialisation give the gradients they stand for."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jf_jax.model.transformer import mixed_einsum
+from jf_jax.training.losses import LossConfig, loss_fn
+from jf_jax.training.packing import make_batch, pack_example
+from tests.support.train_models import TINY, numpy_params
+from tests.test_losses import _examples
+
+
+EQUATIONS = [("btd,dhk->bthk", (2, 5, 8), (8, 3, 4)), ("bthk,hkd->btd", (2, 5, 3, 4), (3, 4, 8)),
+             ("nd,vd->nv", (6, 8), (16, 8))]
+
+
+@pytest.mark.parametrize("equation,x_shape,w_shape", EQUATIONS)
+def test_float32_gradients_are_autodiffs(equation, x_shape, w_shape):
+    x = jax.random.normal(jax.random.PRNGKey(0), x_shape)
+    w = jax.random.normal(jax.random.PRNGKey(1), w_shape)
+    cot = jax.random.normal(jax.random.PRNGKey(2), jnp.einsum(equation, x, w).shape)
+    ours = jax.vjp(lambda a, b: mixed_einsum(equation, a, b), x, w)[1](cot)
+    plain = jax.vjp(lambda a, b: jnp.einsum(equation, a, b), x, w)[1](cot)
+    for a, b in zip(ours, plain):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("equation,x_shape,w_shape", EQUATIONS)
+def test_bfloat16_backward_keeps_a_float32_weight_gradient(equation, x_shape, w_shape):
+    x = jax.random.normal(jax.random.PRNGKey(0), x_shape).astype(jnp.bfloat16)
+    w = jax.random.normal(jax.random.PRNGKey(1), w_shape)  # float32 master weight
+    out, vjp = jax.vjp(lambda a, b: mixed_einsum(equation, a, b), x, w)
+    assert out.dtype == jnp.float32
+    cot = jax.random.normal(jax.random.PRNGKey(2), out.shape)
+    dx, dw = vjp(cot)
+    assert dx.dtype == jnp.bfloat16 and dw.dtype == jnp.float32
+    # The same product in float64 from the bf16-rounded operands: the only difference is bf16 rounding.
+    x64, w64 = np.asarray(x, np.float64), np.asarray(w.astype(jnp.bfloat16), np.float64)
+    c64 = np.asarray(cot.astype(jnp.bfloat16), np.float64)
+    ref_dx, ref_dw = jax.vjp(lambda a, b: jnp.einsum(equation, a, b), x64, w64)[1](c64)
+    np.testing.assert_allclose(np.asarray(dw, np.float64), ref_dw, rtol=1e-5, atol=1e-5)  # float32 accumulation
+    np.testing.assert_allclose(np.asarray(dx, np.float64), ref_dx, rtol=2e-2, atol=2e-2)  # one bf16 rounding
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_remat_changes_no_gradient(dtype):
+    params = numpy_params(TINY, seed=0)
+    rows = [[pack_example(ex, eos_id=1, pad_id=0)] for ex in _examples()]
+    batch = {k: jnp.asarray(v) for k, v in make_batch(rows, 64, pad_id=0).items()}
+    grads = {}
+    for remat in (False, True):
+        cfg = TINY.replace(dtype=dtype, param_dtype="float32", remat=remat)
+        grads[remat] = jax.jit(jax.grad(lambda p: loss_fn(p, cfg, batch, LossConfig())[0]))(params)
+    for a, b in zip(jax.tree.leaves(grads[False]), jax.tree.leaves(grads[True])):
+        assert a.dtype == jnp.float32
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
