@@ -135,7 +135,28 @@ def main(argv=None) -> int:
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=1))
+        plot_losses(report, args.json.with_suffix(".png"))
     return 0
+
+
+def plot_losses(report: dict, path: Path) -> None:
+    """The variants' loss curves on the same batches (equal curves: the variant computes the same training)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, r in report["variants"].items():
+        ax.plot(range(1, len(r["losses"]) + 1), r["losses"], label=f"{name} ({r['median_step_seconds']:.2f} s/step)",
+                linewidth=1)
+    ax.set_xlabel("step")
+    ax.set_ylabel("total loss")
+    ax.set_title("Jacobi Forcing train step on SmolLM2-135M, same batches")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
