@@ -78,6 +78,10 @@ def main(argv=None) -> int:
     p.add_argument("--repetition-filter", action="store_true", help="drop degenerate, repetitive responses")
     p.add_argument("--prompts-per-shard", type=int, default=16)
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="decode dtype of the recording model: bfloat16 records the bf16 model's own trajectories "
+                        "(its greedy fixed points) ~2.3x faster on an AVX512-BF16 CPU (experiments/results/"
+                        "bench_engine.md); float32, the reference, by default")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
 
@@ -87,7 +91,7 @@ def main(argv=None) -> int:
     if not rows:
         print(f"error: no prompts selected from {args.prompts}", file=sys.stderr)
         return 2
-    model = load_model(args.model)
+    model = load_model(args.model, dtype=args.dtype)
     with open(args.prompts, "rb") as f:
         file_sha = hashlib.sha256(f.read()).hexdigest()
     start = time.perf_counter()
@@ -95,7 +99,7 @@ def main(argv=None) -> int:
                            seed=args.seed, repetition_filter=args.repetition_filter,
                            prompts_per_shard=args.prompts_per_shard, chat=not args.no_chat,
                            metadata=dict(prompts_file=args.prompts, prompts_file_sha256=file_sha,
-                                         model_spec=args.model),
+                                         model_spec=args.model, dtype=args.dtype),
                            progress=not args.no_progress)
     shards = manifest["shards"]
     print(json.dumps(dict(out=args.out, prompts=len(rows), records=sum(s["num_records"] for s in shards),
