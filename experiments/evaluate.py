@@ -134,11 +134,15 @@ def markdown(results: list[dict], args: dict) -> str:
                 m = res["math"]
                 lines.append(f"| {res['model']} | {m['problems']} | {m['correct']} | {m['accuracy']:.3f} |")
     if any(r["humaneval"] for r in results):
-        lines += ["", "| model | HumanEval problems | passed (executed) | pass@1 |", "|---|---|---|---|"]
+        lines += ["", "HumanEval: greedy AR answers (float32), each executed against the problem's tests in a "
+                  "sandboxed subprocess (`jf_jax/data/code_execution.py`).", "",
+                  "| model | HumanEval problems | max new tokens | passed (executed) | pass@1 |",
+                  "|---|---|---|---|---|"]
         for res in results:
             if res["humaneval"]:
                 h = res["humaneval"]
-                lines.append(f"| {res['model']} | {h['problems']} | {h['passed']} | {h['pass_at_1']:.3f} |")
+                lines.append(f"| {res['model']} | {h['problems']} | {h['max_new_tokens']} | {h['passed']} | "
+                             f"{h['pass_at_1']:.3f} |")
     return "\n".join(lines) + "\n"
 
 
