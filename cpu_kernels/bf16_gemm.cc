@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "parallel_parts.h"
+#include "common.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -83,19 +83,7 @@ ffi::Error Bf16GemmImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::Buf
   if (K != 2 * KP) return ffi::Error::InvalidArgument("bf16_gemm: x's K does not match the packed weight");
   Gemm g{reinterpret_cast<const uint16_t*>(x.typed_data()), reinterpret_cast<const __m512bh*>(packed.typed_data()),
          out->typed_data(), M, K, KP, NT, NT * kTile};
-  const int64_t threads = pool.num_threads() > 0 ? pool.num_threads() : 1;
-  // About four parts per thread (even tile counts keep the two-tile blocks whole); small matrices run inline.
-  int64_t tiles_per_part = (NT + 4 * threads - 1) / (4 * threads);
-  tiles_per_part += tiles_per_part % 2;
-  if (threads == 1 || NT * KP * M < (int64_t{1} << 15) || tiles_per_part >= NT) {
-    RunTiles(g, 0, NT);
-    return ffi::Error::Success();
-  }
-  const int64_t parts = (NT + tiles_per_part - 1) / tiles_per_part;
-  jf_cpu::RunParts(pool, parts, [g, tiles_per_part](int64_t p) {
-    const int64_t t0 = p * tiles_per_part;
-    RunTiles(g, t0, t0 + tiles_per_part < g.NT ? t0 + tiles_per_part : g.NT);
-  });
+  jf_cpu::RunColumnTiles(pool, NT, K * M, [g](int64_t t0, int64_t t1) { RunTiles(g, t0, t1); });
   return ffi::Error::Success();
 }
 

@@ -20,7 +20,7 @@
 #include <limits>
 #include <vector>
 
-#include "parallel_parts.h"
+#include "common.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -30,13 +30,7 @@ namespace {
 constexpr int kBlock = 16;     // keys per block (one AVX512 register of scores)
 constexpr int kRowsPerItem = 8;   // query tokens per work item (each item converts its keys once)
 
-inline float ToF32(uint16_t v) {
-  const uint32_t u = uint32_t(v) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-}
-inline float ToF32(float v) { return v; }
+using jf_cpu::ToF32;
 
 inline __m512 Load16(const uint16_t* p) {
   const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));

@@ -19,7 +19,7 @@
 #include <cstring>
 #include <vector>
 
-#include "parallel_parts.h"
+#include "common.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -91,24 +91,17 @@ void RunTiles(const Gemm& g, int64_t t0, int64_t t1) {
   }
 }
 
-inline float ToF32(uint16_t v) {
-  const uint32_t u = uint32_t(v) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-}
-inline float ToF32(float v) { return v; }
-
 // Row m of x to int8 (as quantize_rows in the twin): sx = max|x| * (1/127) (1 if 0), q = clip(round_even(x / sx)).
 template <typename E>
 void QuantizeRow(const E* x, int64_t K, int8_t* q, float* sx) {
   float top = 0.0f;
-  for (int64_t k = 0; k < K; ++k) top = std::max(top, std::fabs(ToF32(x[k])));
+  for (int64_t k = 0; k < K; ++k) top = std::max(top, std::fabs(jf_cpu::ToF32(x[k])));
   float s = top * (1.0f / 127.0f);  // a product, as XLA computes the twin's division by a constant
   if (!(s > 0.0f)) s = 1.0f;
   *sx = s;
   for (int64_t k = 0; k < K; ++k) {
-    const float v = std::nearbyint(ToF32(x[k]) / s);  // the default rounding mode: to nearest, ties to even
+    // std::nearbyint: the default rounding mode, to nearest with ties to even, as the twin rounds
+    const float v = std::nearbyint(jf_cpu::ToF32(x[k]) / s);
     q[k] = int8_t(std::min(127.0f, std::max(-127.0f, v)));
   }
 }
@@ -133,18 +126,7 @@ ffi::Error W8A8Impl(ffi::ThreadPool pool, ffi::Buffer<DT> x, ffi::Buffer<ffi::S8
   for (int64_t m = 0; m < M; ++m) QuantizeRow(xs + m * K, K, xq.data() + m * K, sx.data() + m);
   Gemm g{xq.data(), sx.data(), reinterpret_cast<const __m512i*>(packed.typed_data()), bias.typed_data(),
          scale.typed_data(), out->typed_data(), M, K, KQ, NT, NT * kTile};
-  const int64_t threads = pool.num_threads() > 0 ? pool.num_threads() : 1;
-  // About four parts per thread (even tile counts keep the two-tile blocks whole); small matrices run inline.
-  int64_t tiles_per_part = (NT + 4 * threads - 1) / (4 * threads);
-  tiles_per_part += tiles_per_part % 2;
-  if (threads == 1 || NT * KQ * M < (int64_t{1} << 14) || tiles_per_part >= NT) {
-    RunTiles(g, 0, NT);
-    return ffi::Error::Success();
-  }
-  jf_cpu::RunParts(pool, (NT + tiles_per_part - 1) / tiles_per_part, [g, tiles_per_part](int64_t p) {
-    const int64_t t0 = p * tiles_per_part;
-    RunTiles(g, t0, t0 + tiles_per_part < g.NT ? t0 + tiles_per_part : g.NT);
-  });
+  jf_cpu::RunColumnTiles(pool, NT, K * M, [g](int64_t t0, int64_t t1) { RunTiles(g, t0, t1); });
   return ffi::Error::Success();
 }
 

@@ -14,7 +14,7 @@ import jax
 
 HERE = pathlib.Path(__file__).resolve().parent
 SOURCES = (HERE / "bf16_gemm.cc", HERE / "int8_gemm.cc", HERE / "decode_attention.cc")
-HEADERS = (HERE / "parallel_parts.h",)
+HEADERS = (HERE / "common.h",)
 LIBRARY = HERE / "_build" / "libjf_cpu_kernels.so"
 TARGETS = {  # FFI target name -> exported handler symbol
     "jf_bf16_gemm": "JfBf16Gemm",

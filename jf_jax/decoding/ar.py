@@ -15,10 +15,9 @@ from typing import Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from jf_jax.decoding.common import (MAX_BATCH_SIZE, GenerationResult, PreparedPrompts, StopReason, check_int,
-                                    eos_array, greedy, is_eos, prepare_prompts, trim_outputs)
+from jf_jax.decoding.common import (GenerationResult, PreparedPrompts, StopReason, batch_slices, eos_array, greedy,
+                                    is_eos, prepare_prompts, trim_outputs)
 from jf_jax.decoding.stats import prompt_stats, summarize
 from jf_jax.model.config import ModelConfig
 from jf_jax.model.decode_view import decode_view
@@ -98,12 +97,11 @@ def generate_ar(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int
     params = decode_view(params)  # the decoders' view, as jacobi and mr take it (no-op when already a view)
     eos = eos_array(eos_ids)
     num = len(prep.lengths)
-    B = num if batch_size is None else min(check_int("batch_size", batch_size, 1, MAX_BATCH_SIZE), num)
-    batches = [np.minimum(np.arange(first, first + B), num - 1) for first in range(0, num, B)]
+    B, batches = batch_slices(num, batch_size)
     if warmup:
-        _run(params, cfg, prep.tokens[batches[0]], prep.lengths[batches[0]], prep, eos, 1)
+        _run(params, cfg, prep.tokens[batches[0][1]], prep.lengths[batches[0][1]], prep, eos, 1)
     tokens, timings = [], []
-    for first, idx in zip(range(0, num, B), batches):
+    for first, idx in batches:
         out, count, seconds, prefill_seconds = _run(params, cfg, prep.tokens[idx], prep.lengths[idx], prep, eos,
                                                     prep.max_new_tokens)
         tokens += trim_outputs(out, count)[: num - first]

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from jf_jax.decoding.blocks import (cap_accepted, draw_context, emit, first_stop, leading_matches, start_blocks,
                                     step_stop)
 from jf_jax.decoding.common import GenerationResult, check_int, eos_array, greedy, is_eos, prepare_prompts
-from jf_jax.decoding.runner import MAX_BLOCK_SIZE, BlockDecoder, OnTokens, decode_prompts, keep_if_done
+from jf_jax.decoding.runner import MAX_BLOCK_SIZE, BlockDecoder, OnTokens, decode_prompts, keep_if_done, per_row
 from jf_jax.model.config import ModelConfig
 from jf_jax.model.decode_view import decode_view
 from jf_jax.model.kv_cache import KVCache
@@ -79,7 +79,7 @@ class JacobiDecoder(BlockDecoder):
         n = self.block_size
         B = prompts.shape[0]
         b = start_blocks(params, self.cfg, n, prompts, prompt_lens, keys, eos_ids, out_capacity, capacity)
-        rows = lambda x: jnp.broadcast_to(jnp.asarray(x, jnp.int32), (B,) + jnp.shape(x))  # noqa: E731
+        rows = functools.partial(per_row, batch=B)
         return JacobiState(
             draft=b.first, draft_len=rows(n), block_init=b.guesses, out=b.out, count=b.first_eos.astype(jnp.int32),
             block_start=rows(0), done=b.first_eos, cache=b.cache, prompt=prompts, prompt_len=prompt_lens, key=b.key,

@@ -35,7 +35,7 @@ from jf_jax.decoding.blocks import (cap_accepted, context_ids, draw_context, emi
                                     start_blocks, step_stop)
 from jf_jax.decoding.common import GenerationError, GenerationResult, check_int, eos_array, is_eos, prepare_prompts
 from jf_jax.decoding.recycling import build_candidates, forward_rows, harvest, pick_winner, push
-from jf_jax.decoding.runner import MAX_BLOCK_SIZE, BlockDecoder, OnTokens, decode_prompts, keep_if_done
+from jf_jax.decoding.runner import MAX_BLOCK_SIZE, BlockDecoder, OnTokens, decode_prompts, keep_if_done, per_row
 from jf_jax.model.config import ModelConfig
 from jf_jax.model.decode_view import decode_view
 from jf_jax.model.kv_cache import KVCache
@@ -97,7 +97,7 @@ class MRDecoder(BlockDecoder):
         n, W, S = self.block_size, self.width, self.pool_size
         B = prompts.shape[0]
         b = start_blocks(params, self.cfg, n, prompts, prompt_lens, keys, eos_ids, out_capacity, capacity)
-        rows = lambda x: jnp.broadcast_to(jnp.asarray(x, jnp.int32), (B,) + jnp.shape(x))  # noqa: E731
+        rows = functools.partial(per_row, batch=B)
         return MRState(
             row=jnp.pad(b.first, ((0, 0), (0, W - n))), row_len=rows(n), ra_len=rows(n), n_pa=rows(0),
             pa_progress=rows(jnp.zeros((self.num_blocks,))), out=b.out, count=b.first_eos.astype(jnp.int32),

@@ -27,8 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jf_jax.decoding.common import (MAX_BATCH_SIZE, GenerationError, GenerationResult, PreparedPrompts, check_int,
-                                    prompt_key)
+from jf_jax.decoding.common import GenerationError, GenerationResult, PreparedPrompts, batch_slices, prompt_key
 from jf_jax.decoding.stats import prompt_stats, summarize
 from jf_jax.model.config import ModelConfig
 
@@ -46,6 +45,11 @@ recorder stops after the block holding EOS)."""
 def keep_if_done(old, new):
     """``new``, except that a row already done keeps ``old`` (its loop state is final)."""
     return jax.tree.map(lambda a, b: jnp.where(old.done, a, b), old, new)
+
+
+def per_row(x, batch: int):
+    """``x`` (a scalar or array) as int32 repeated for each of ``batch`` rows: [batch, *x.shape]."""
+    return jnp.broadcast_to(jnp.asarray(x, jnp.int32), (batch,) + jnp.shape(x))
 
 
 def row_view(state, row: int):
@@ -87,25 +91,26 @@ class BlockDecoder:
         """The same step driven from Python: ``on_tokens(row, new_ids)`` streams, ``on_step(row, before, after)``
         observes (see ``OnStep``)."""
         counts = np.zeros(state.done.shape[0], np.int64)
+
+        def stream(out, count):  # host out [B, N], count [B]: the tokens each row accepted since the last call
+            for row in range(len(counts)):
+                if count[row] > counts[row]:
+                    on_tokens(row, out[row, counts[row]:count[row]].tolist())
+                counts[row] = count[row]
+
         if on_tokens is not None:
-            for row, (out, count) in enumerate(zip(*jax.device_get((state.out, state.count)))):
-                if count > 0:
-                    on_tokens(row, out[:count].tolist())
-                counts[row] = count
+            stream(*jax.device_get((state.out, state.count)))
         while not bool(jnp.all(state.done)):
             before = jax.device_get(state) if on_step is not None else None
             state = self.step(params, state)
+            after = jax.device_get(state) if on_step is not None else None
             if on_step is not None:
-                after = jax.device_get(state)
                 stops = [row for row in range(len(counts)) if not before.done[row]
                          and on_step(row, row_view(before, row), row_view(after, row))]
                 if stops:
                     state = dataclasses.replace(state, done=state.done.at[np.asarray(stops)].set(True))
             if on_tokens is not None:
-                for row, (out, count) in enumerate(zip(*jax.device_get((state.out, state.count)))):
-                    if count > counts[row]:
-                        on_tokens(row, out[counts[row]:count].tolist())
-                    counts[row] = count
+                stream(*((after.out, after.count) if after is not None else jax.device_get((state.out, state.count))))
         return state
 
 
@@ -131,11 +136,10 @@ def decode_prompts(decoder: BlockDecoder, params, prep: PreparedPrompts, eos_ids
     """
     check_driver(driver, on_tokens, on_step)
     num = prep.tokens.shape[0]
-    B = min(check_int("batch_size", batch_size, 1, MAX_BATCH_SIZE), num)
+    B, batches = batch_slices(num, batch_size)
 
-    def run_batch(first: int, max_new: int, stream=None, observe=None):
-        idx = np.minimum(np.arange(first, first + B), num - 1)  # a short last batch repeats its last prompt
-        padding = jnp.asarray(np.arange(first, first + B) >= num)
+    def run_batch(first: int, idx, max_new: int, stream=None, observe=None):
+        padding = jnp.asarray(np.arange(first, first + B) >= num)  # rows repeating a prompt: finished from the start
         keys = jnp.stack([prompt_key(seed, int(i)) for i in idx])
         start = time.perf_counter()
         state = decoder.init(params, prep.tokens[idx], prep.lengths[idx], keys, jnp.int32(max_new), eos_ids,
@@ -151,12 +155,12 @@ def decode_prompts(decoder: BlockDecoder, params, prep: PreparedPrompts, eos_ids
         return host, time.perf_counter() - start, prefill_done - start
 
     if warmup:
-        run_batch(0, 1)
+        run_batch(*batches[0], 1)
     token_ids, per_prompt, seconds, prefill_seconds = [], [], 0.0, 0.0
-    for first in range(0, num, B):
+    for first, idx in batches:
         stream = None if on_tokens is None else (lambda row, ids, first=first: on_tokens(first + row, ids))
         observe = None if on_step is None else (lambda row, a, b, first=first: on_step(first + row, a, b))
-        host, batch_seconds, batch_prefill = run_batch(first, prep.max_new_tokens, stream, observe)
+        host, batch_seconds, batch_prefill = run_batch(first, idx, prep.max_new_tokens, stream, observe)
         seconds, prefill_seconds = seconds + batch_seconds, prefill_seconds + batch_prefill
         timing = dict(seconds=batch_seconds, prefill_seconds=batch_prefill) if B == 1 else {}
         for row in range(min(B, num - first)):
@@ -164,9 +168,9 @@ def decode_prompts(decoder: BlockDecoder, params, prep: PreparedPrompts, eos_ids
             token_ids.append(r.out[: int(r.count)].tolist())
             per_prompt.append(prompt_stats(tokens=r.count, forwards=r.forwards, stop=r.stop, block_iters=r.block_iters,
                                            accept_hist=r.accept_hist, counters=decoder.counters(r), **timing))
-    total = summarize(per_prompt, seconds=seconds, prefill_seconds=prefill_seconds)
-    if B == 1:
-        total = summarize(per_prompt)  # adds the median over prompts
+    # Alone, each prompt carries its own seconds (summed, with their median); batched, the batches' wall clocks.
+    total = summarize(per_prompt) if B == 1 else summarize(per_prompt, seconds=seconds,
+                                                             prefill_seconds=prefill_seconds)
     stats = dict(**(settings or {}), block_size=decoder.block_size, batch_size=B, driver=driver, seed=seed,
                  per_prompt=per_prompt, total=total)
     return GenerationResult(token_ids=token_ids, forwards=[p["forwards"] for p in per_prompt],

@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 
 from cpu_kernels import PackedInt8, pack_int8, unpack_int8, w8a8_matmul
+from cpu_kernels.int8_gemm import INT8_MAX
 
-INT8_MAX = 127.0
 
 
 @jax.tree_util.register_dataclass
