@@ -2,17 +2,18 @@
 
     PYTHONPATH=. python experiments/evaluate.py --model smollm2-135m --model runs/smollm2_jf_r1 \\
         --prompts runs/prompts/code_heldout.jsonl --prompts runs/prompts/math_heldout.jsonl --limit 8 \\
-        --math runs/prompts/math_heldout.jsonl --math-limit 20 --block-size 16 --max-new-tokens 128 \\
-        --out experiments/results/smollm2_eval
+        --math runs/prompts/math_heldout.jsonl --math-limit 20 --block-size 8,16 --max-new-tokens 128 \\
+        --dtype bfloat16 --out experiments/results/smollm2_eval
 
 For each --model (a jf_jax.weights spec or a training RUN_DIR):
 
-* speed: every method of --methods (ar, jacobi, mr) decodes the first --limit prompts of each --prompts file
-  greedily, batch 1, one prompt after another, after compilation. TPF = generated tokens / forwards (the prefill
+* speed: every method of --methods (ar, jacobi, mr; jacobi and mr at each --block-size) decodes the first --limit
+  prompts of each --prompts file greedily in --dtype, batch 1, one prompt after another, after compilation; "x AR"
+  is a method's tokens/s over same-dtype AR's on the same prompts in the same run. TPF = generated tokens / forwards (the prefill
   counts as a forward, as in jf_jax.decoding.jacobi), as a ratio of totals and as a per-prompt mean; tokens/s with and
   without prefill (spec Decision 8). "match_ar" is the fraction of prompts whose tokens equal AR's (greedy
   Jacobi / MR are lossless up to floating-point ties, so it should be ~1).
-* quality: GSM8K exact-answer accuracy of greedy AR answers on the first --math-limit problems of --math
+* quality (in --quality-dtype): GSM8K exact-answer accuracy of greedy AR answers on the first --math-limit problems of --math
   (jf_jax.data.gsm.is_correct: last \\boxed{} / '####' / last number against the gold answer), decoded in
   batches of --math-batch problems (batched greedy AR; not timed).
 
@@ -54,28 +55,48 @@ def _speed_one(model, method: str, prompts, *, max_new_tokens: int, options: dic
                 per_prompt_tpf=[p["tokens_per_forward"] for p in per_prompt])
 
 
-def evaluate_model(spec: str, prompt_sets: dict[str, list[dict]], math_rows: list[dict], *, methods, block_size: int,
-                   max_new_tokens: int, math_max_new_tokens: int, num_blocks: int = 2, seed: int = 0,
-                   math_batch: int = 10, humaneval: list[dict] | None = None, humaneval_max_new_tokens: int = 384,
+def speed_runs(methods, block_sizes) -> list[tuple[str, str, dict]]:
+    """(row name, method, options) of every timed run: AR once, jacobi / mr once per block size."""
+    runs = []
+    for method in methods:
+        if method == "ar":
+            runs.append(("ar", "ar", {}))
+            continue
+        runs += [(f"{method} n={n}", method, dict(block_size=n)) for n in block_sizes]
+    return runs
+
+
+def evaluate_model(spec: str, prompt_sets: dict[str, list[dict]], math_rows: list[dict], *, methods,
+                   block_sizes: tuple[int, ...], max_new_tokens: int, math_max_new_tokens: int, num_blocks: int = 2,
+                   seed: int = 0, math_batch: int = 10, humaneval: list[dict] | None = None,
+                   humaneval_max_new_tokens: int = 384, dtype: str = "float32", quality_dtype: str = "float32",
                    model=None) -> dict:
+    """Speed rows in ``dtype`` (every method against same-dtype AR: "speedup" is the ratio of tokens/s with the
+    prefill, "speedup_no_prefill" without); GSM8K and HumanEval accuracy of greedy AR in ``quality_dtype``."""
     from jf_jax.api import encode_prompts, load_model
     from jf_jax.data.gsm import extract_answer, is_correct
 
-    model = model or load_model(spec)
-    result = dict(model=spec, name=model.name, source=model.source, speed={}, math=None, humaneval=None)
-    opts = {"jacobi": dict(block_size=block_size, seed=seed),
-            "mr": dict(block_size=block_size, num_blocks=num_blocks, seed=seed)}
+    model = model or load_model(spec, dtype=dtype)
+    result = dict(model=spec, name=model.name, source=model.source, dtype=dtype, quality_dtype=quality_dtype,
+                  speed={}, math=None, humaneval=None)
     for set_name, rows in prompt_sets.items():
         ids = encode_prompts(model, [r["prompt"] for r in rows])
-        per_method = {}
-        for method in methods:
-            per_method[method] = _speed_one(model, method, ids, max_new_tokens=max_new_tokens,
-                                            options=opts.get(method, {}))
-        if "ar" in per_method:
-            ar = per_method["ar"]["token_ids"]
-            for m in per_method.values():
-                m["match_ar"] = statistics.fmean(a == b for a, b in zip(ar, m["token_ids"]))
-        result["speed"][set_name] = per_method
+        per_run = {}
+        for name, method, options in speed_runs(methods, block_sizes):
+            if method == "mr":
+                options = dict(options, num_blocks=num_blocks)
+            per_run[name] = _speed_one(model, method, ids, max_new_tokens=max_new_tokens,
+                                       options=dict(options, seed=seed) if options else {})
+            per_run[name]["block_size"] = options.get("block_size")
+        if "ar" in per_run:
+            ar = per_run["ar"]
+            for m in per_run.values():
+                m["match_ar"] = statistics.fmean(a == b for a, b in zip(ar["token_ids"], m["token_ids"]))
+                m["speedup"] = m["tokens_per_s"] / ar["tokens_per_s"]
+                m["speedup_no_prefill"] = m["tokens_per_s_no_prefill"] / ar["tokens_per_s_no_prefill"]
+        result["speed"][set_name] = per_run
+    if (math_rows or humaneval) and quality_dtype != dtype:
+        model = load_model(spec, dtype=quality_dtype)
     if math_rows:
         from jf_jax.decoding.ar import generate_ar
 
@@ -117,24 +138,29 @@ def humaneval_pass_at_1(model, problems: list[dict], *, max_new_tokens: int, bat
 
 def markdown(results: list[dict], args: dict) -> str:
     lines = [f"# Evaluation ({time.strftime('%Y-%m-%d %H:%M')})", "",
-             f"block size {args['block_size']}, max_new_tokens {args['max_new_tokens']}, greedy, batch 1, "
-             f"float32, CPU. TPF = tokens / forwards (prefill counted); tok/s with / without prefill.", "",
-             "| model | prompts | method | n | TPF | TPF (mean/prompt) | tok/s | tok/s no prefill | = AR |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             f"max_new_tokens {args['max_new_tokens']}, greedy, batch 1, {args.get('dtype', 'float32')}, CPU "
+             f"(2 cores). TPF = tokens / forwards (prefill counted); tok/s with / without prefill; x AR = tok/s "
+             "over same-dtype AR's on the same prompts, with / without prefill.", "",
+             "| model | prompts | method | prompts | TPF | TPF (mean/prompt) | tok/s | tok/s no prefill | x AR | "
+             "x AR no prefill | = AR |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    nan = float("nan")
     for res in results:
         for set_name, per_method in res["speed"].items():
             for m, s in per_method.items():
                 lines.append(f"| {res['model']} | {set_name} | {m} | {s['prompts']} | {s['tpf']:.3f} | "
                              f"{s['tpf_mean']:.3f} | {s['tokens_per_s']:.1f} | {s['tokens_per_s_no_prefill']:.1f} | "
-                             f"{s.get('match_ar', float('nan')):.2f} |")
+                             f"{s.get('speedup', nan):.2f} | {s.get('speedup_no_prefill', nan):.2f} | "
+                             f"{s.get('match_ar', nan):.2f} |")
     if any(r["math"] for r in results):
-        lines += ["", "| model | GSM held-out problems | correct | accuracy |", "|---|---|---|---|"]
+        lines += ["", f"Quality: greedy AR answers in {args.get('quality_dtype', 'float32')}.", "",
+                  "| model | GSM held-out problems | correct | accuracy |", "|---|---|---|---|"]
         for res in results:
             if res["math"]:
                 m = res["math"]
                 lines.append(f"| {res['model']} | {m['problems']} | {m['correct']} | {m['accuracy']:.3f} |")
     if any(r["humaneval"] for r in results):
-        lines += ["", "HumanEval: greedy AR answers (float32), each executed against the problem's tests in a "
+        lines += ["", "HumanEval: greedy AR answers, each executed against the problem's tests in a "
                   "sandboxed subprocess (`jf_jax/data/code_execution.py`).", "",
                   "| model | HumanEval problems | max new tokens | passed (executed) | pass@1 |",
                   "|---|---|---|---|---|"]
@@ -146,6 +172,16 @@ def markdown(results: list[dict], args: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a comma list of integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive block sizes, got {text!r}")
+    return values
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", action="append", required=True, help="weights spec or RUN_DIR (repeatable)")
@@ -154,7 +190,11 @@ def main(argv=None) -> int:
     p.add_argument("--math", help="held-out GSM JSONL (with 'answer') for accuracy")
     p.add_argument("--math-limit", type=int, default=20)
     p.add_argument("--methods", default="ar,jacobi,mr")
-    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--block-size", type=_ints, default=(16,), help="jacobi/mr block size(s), e.g. 8,16")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "int8"),
+                   help="decode dtype of the speed runs (AR in the same dtype)")
+    p.add_argument("--quality-dtype", default="float32", choices=("float32", "bfloat16", "int8"),
+                   help="decode dtype of the GSM8K / HumanEval answers")
     p.add_argument("--num-blocks", type=int, default=2, help="mr: blocks in flight")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--math-max-new-tokens", type=int, default=256)
@@ -177,7 +217,8 @@ def main(argv=None) -> int:
     results = []
     for spec in args.model:
         start = time.perf_counter()
-        res = evaluate_model(spec, prompt_sets, math_rows, methods=methods, block_size=args.block_size,
+        res = evaluate_model(spec, prompt_sets, math_rows, methods=methods, block_sizes=args.block_size,
+                             dtype=args.dtype, quality_dtype=args.quality_dtype,
                              max_new_tokens=args.max_new_tokens, math_max_new_tokens=args.math_max_new_tokens,
                              num_blocks=args.num_blocks, seed=args.seed, math_batch=args.math_batch,
                              humaneval=humaneval, humaneval_max_new_tokens=args.humaneval_max_new_tokens)

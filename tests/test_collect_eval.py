@@ -97,19 +97,20 @@ def test_evaluate_model_and_markdown(tmp_path):
     from experiments.evaluate import evaluate_model, markdown
 
     model = FakeModel()
-    res = evaluate_model("tiny", {"held": ROWS[:2]}, ROWS[:2], methods=["ar", "mr"], block_size=4,
+    res = evaluate_model("tiny", {"held": ROWS[:2]}, ROWS[:2], methods=["ar", "mr"], block_sizes=(4,),
                          max_new_tokens=8, math_max_new_tokens=8, model=model)  # jacobi takes mr's code path
     speed = res["speed"]["held"]
-    assert set(speed) == {"ar", "mr"}
+    assert set(speed) == {"ar", "mr n=4"}
     assert speed["ar"]["tpf"] == pytest.approx(1.0)
-    for m in ("mr",):
+    for m in ("mr n=4",):
         assert speed[m]["tpf"] >= 1.0 and speed[m]["match_ar"] == 1.0  # greedy Jacobi/MR are lossless
         assert speed[m]["tokens"] == speed["ar"]["tokens"]
     assert res["math"]["problems"] == 2 and 0.0 <= res["math"]["accuracy"] <= 1.0
     # the math answers are decoded as one batch; they equal the one-at-a-time greedy AR answers
     assert [i["text"] for i in res["math"]["items"]] == [model.tokenizer.decode(t) for t in speed["ar"]["token_ids"]]
     md = markdown([res], dict(block_size=4, max_new_tokens=8))
-    assert "| tiny | held | mr |" in md and "GSM held-out" in md
+    assert speed["ar"]["speedup"] == 1.0 and speed["mr n=4"]["speedup"] > 0
+    assert "| tiny | held | mr n=4 |" in md and "GSM held-out" in md
 
 
 def _export_tiny_run(path, base=None):
@@ -163,7 +164,8 @@ def test_base_model_spec_inherited(tmp_path):
                                                  data=data))) is None
 
 
-@pytest.mark.parametrize("name", ["smollm2_jf", "smollm2_jf_r2", "smollm2_smoke", "tiny"])
+@pytest.mark.parametrize("name", ["smollm2_jf", "smollm2_jf_r2", "smollm2_jf_n16", "smollm2_jf_n16_r2",
+                                  "smollm2_smoke", "tiny"])
 def test_configs_load(name):
     from jf_jax.training.config import load_config
 
@@ -175,6 +177,10 @@ def test_configs_load(name):
         assert (cfg.model.source, cfg.model.path) == ("run", "runs/smollm2_jf_r1")
         assert cfg.data.block_size == 16
         assert cfg.data.block_size > load_config("configs/smollm2_jf.yaml").data.block_size
+    if name == "smollm2_jf_n16":
+        assert (cfg.model.source, cfg.data.block_size, cfg.model.compute_dtype) == ("pretrained", 16, "bfloat16")
+    if name == "smollm2_jf_n16_r2":  # progressive: re-collect with round 1 at twice its block size
+        assert (cfg.model.source, cfg.model.path, cfg.data.block_size) == ("run", "runs/smollm2_jf_n16", 32)
 
 
 def test_ablation_variants_and_table():
