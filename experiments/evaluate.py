@@ -8,14 +8,14 @@
 For each --model (a jf_jax.weights spec or a training RUN_DIR):
 
 * speed: every method of --methods (ar, jacobi, mr; jacobi and mr at each --block-size) decodes the first --limit
-  prompts of each --prompts file greedily in --dtype, batch 1, one prompt after another, after compilation; "x AR"
-  is a method's tokens/s over same-dtype AR's on the same prompts in the same run. TPF = generated tokens / forwards (the prefill
-  counts as a forward, as in jf_jax.decoding.jacobi), as a ratio of totals and as a per-prompt mean; tokens/s with and
-  without prefill (spec Decision 8). "match_ar" is the fraction of prompts whose tokens equal AR's (greedy
-  Jacobi / MR are lossless up to floating-point ties, so it should be ~1).
-* quality (in --quality-dtype): GSM8K exact-answer accuracy of greedy AR answers on the first --math-limit problems of --math
-  (jf_jax.data.gsm.is_correct: last \\boxed{} / '####' / last number against the gold answer), decoded in
-  batches of --math-batch problems (batched greedy AR; not timed).
+  prompts of each --prompts file greedily in --dtype, batch 1, one prompt after another, after compilation. TPF =
+  generated tokens / forwards (the prefill counts as a forward, as in jf_jax.decoding.jacobi), as a ratio of totals
+  and as a per-prompt mean; tokens/s with and without prefill (spec Decision 8); "x AR" is a method's tokens/s over
+  same-dtype AR's on the same prompts in the same run. "match_ar" is the fraction of prompts whose tokens equal AR's
+  (greedy Jacobi / MR are lossless up to floating-point ties, so it should be ~1).
+* quality (in --quality-dtype): GSM8K exact-answer accuracy of greedy AR answers on the first --math-limit problems
+  of --math (jf_jax.data.gsm.is_correct: last \\boxed{} / '####' / last number against the gold answer), decoded
+  in batches of --math-batch problems (batched greedy AR; not timed); HumanEval pass@1 by execution (--humaneval).
 
 Writes OUT.json (everything, per prompt included) and OUT.md (tables).
 """
