@@ -10,6 +10,8 @@
 # ~5 s (train.steps in configs/smollm2_jf.yaml; override with TRAIN_OVERRIDES="train.steps=..."); the evaluation
 # of two models takes ~15-20 min.
 #   bash experiments/run_smollm2.sh r2      # progressive distillation round 2 (n = 16) from the round-1 run
+#   bash experiments/run_smollm2.sh n16     # issue 11's bigger run: n = 16 over all 588 prompts, bf16 (~3 h)
+#   bash experiments/run_smollm2.sh n16_r2  # its round 2: re-collect at n = 32 with the n16 model, train on
 #
 # Every stage is resumable: re-running a command continues a killed collection (complete shards are kept) or a
 # killed training run (orbax checkpoints) where it stopped. Outputs live under runs/ (git-ignored):
@@ -76,8 +78,39 @@ r2)
       --math "$PROMPTS/math_heldout.jsonl" --math-limit 20 \
       --block-size 16 --max-new-tokens 128 --out experiments/results/smollm2_r2_eval
   ;;
+n16|n16_r2)
+  # Issue 11's run. n16: the base model's bf16 trajectories at n = 16, 128 new tokens, all 588 training prompts
+  # (2 workers x 294; ~50 min), training per configs/smollm2_jf_n16.yaml (bf16 compute + remat), then held-out
+  # speed (bf16, n = 8 and 16, against bf16 AR) and quality (float32: 20 GSM8K problems, all 164 HumanEval problems
+  # executed). n16_r2: the round-1 model re-collects at n = 32 and training continues (configs/smollm2_jf_n16_r2.yaml).
+  if [ "$MODE" = n16 ]; then
+    COLLECTOR=smollm2-135m; N=16; TRAJ=runs/trajectories/smollm2_bf16_n16; CONFIG=configs/smollm2_jf_n16.yaml
+    RUN=runs/smollm2_jf_n16; MODELS="--model smollm2-135m --model $RUN"; EVAL_N=8,16
+  else
+    COLLECTOR=runs/smollm2_jf_n16; N=32; TRAJ=runs/trajectories/smollm2_n16r1_n32; CONFIG=configs/smollm2_jf_n16_r2.yaml
+    RUN=runs/smollm2_jf_n16_r2; MODELS="--model smollm2-135m --model runs/smollm2_jf_n16 --model $RUN"; EVAL_N=8,16,32
+  fi
+  collect_worker() {
+    XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" \
+      python experiments/collect.py --model "$COLLECTOR" --prompts "$PROMPTS/train.jsonl" --offset "$1" --limit 294 \
+      --out "${TRAJ}_w$2" --block-size "$N" --max-new-tokens 128 --repetition-filter --prompts-per-shard 14 \
+      --dtype bfloat16 --no-progress
+  }
+  collect_worker 0 0 & w0=$!
+  collect_worker 294 1 & w1=$!
+  failed=0; wait "$w0" || failed=1; wait "$w1" || failed=1
+  [ "$failed" = 0 ]
+  python experiments/train.py "$CONFIG" --run-dir "$RUN" ${TRAIN_OVERRIDES:-}
+  # shellcheck disable=SC2086  # MODELS is a list of flags
+  python experiments/evaluate.py $MODELS \
+      --prompts "$PROMPTS/code_heldout.jsonl" --prompts "$PROMPTS/math_heldout.jsonl" --limit 8 \
+      --block-size "$EVAL_N" --max-new-tokens 128 --dtype bfloat16 --out "experiments/results/${MODE}_speed"
+  python experiments/evaluate.py --model "$RUN" --math "$PROMPTS/math_heldout.jsonl" --math-limit 20 \
+      --humaneval 164 --out "experiments/results/${MODE}_quality"
+  python -m jf_jax.cli.export "$RUN" "exports/$(basename "$RUN")" --overwrite
+  ;;
 *)
-  echo "usage: $0 smoke|full|r2" >&2
+  echo "usage: $0 smoke|full|r2|n16|n16_r2" >&2
   exit 2
   ;;
 esac
