@@ -20,6 +20,7 @@ from jf_jax.decoding.ar import generate_ar
 from jf_jax.decoding.common import GenerationError, GenerationResult
 from jf_jax.decoding.jacobi import generate_jacobi
 from jf_jax.decoding.multiblock import generate_mr
+from jf_jax.decoding.sampling import Sampling
 from jf_jax.model.decode_view import decode_view
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -107,13 +108,21 @@ def encode_prompts(model, prompts: Sequence[str], chat: bool = True) -> list[lis
 
 
 def generate(model, prompts: Sequence[str] | str, *, method: str = "ar", max_new_tokens: int = 128,
-             chat: bool = True, batch_size: int | None = None, **options) -> list[Completion]:
-    """Greedy generation of each prompt with ``method`` (one of ``METHODS``). By default one prompt at a time, so
-    that each prompt's timing is its own; with ``batch_size`` B, B prompts at a time in one compiled program
-    (every method: each row keeps its own blocks and stop, and its tokens are those it gets alone).
-    ``options`` go to the method (e.g. block_size for "jacobi")."""
+             chat: bool = True, batch_size: int | None = None, temperature: float = 0.0, top_k: int = 0,
+             top_p: float = 1.0, seed: int = 0, first_index: int = 0, **options) -> list[Completion]:
+    """Generation of each prompt with ``method`` (one of ``METHODS``). By default one prompt at a time, so that
+    each prompt's timing is its own; with ``batch_size`` B, B prompts at a time in one compiled program (every
+    method: each row keeps its own blocks and stop, and its tokens are those it gets alone).
+
+    Greedy by default; ``temperature`` > 0 samples (after the ``top_k`` / ``top_p`` filters) with noise keyed by
+    (``seed``, prompt index, position) (``jf_jax.decoding.sampling``), so every method gives the same tokens for
+    the same seed. ``seed`` also seeds jacobi / mr drafts (a separate stream). ``first_index`` is the index of
+    ``prompts[0]`` in a request split over several calls (keys follow the request's indices). ``options`` go to
+    the method (e.g. block_size for "jacobi")."""
     if method not in METHODS:
         raise GenerationError(f"unknown method {method!r}; available: {', '.join(METHODS)}")
+    options = dict(options, sampling=Sampling(temperature=temperature, top_k=top_k, top_p=top_p), seed=seed,
+                   first_index=first_index)
     if isinstance(prompts, str):
         prompts = [prompts]
     decode = METHODS[method]

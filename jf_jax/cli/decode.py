@@ -19,10 +19,11 @@ STREAMING_METHODS = ("jacobi", "mr")
 
 # Which CLI options each method takes (the rest of the methods ignore them).
 CLI_BLOCK_SIZE = 8  # experiments/results/bench_engine.md; the paper's 64 is a GPU setting
+SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "seed")
 METHOD_OPTIONS = {
-    "ar": (),
-    "jacobi": ("block_size", "seed"),
-    "mr": ("block_size", "num_blocks", "spawn_ratio", "pool_size", "seed"),
+    "ar": SAMPLING_OPTIONS,
+    "jacobi": ("block_size",) + SAMPLING_OPTIONS,
+    "mr": ("block_size", "num_blocks", "spawn_ratio", "pool_size") + SAMPLING_OPTIONS,
 }
 
 
@@ -47,7 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-blocks", type=int, help="mr: blocks in flight K")
     p.add_argument("--spawn-ratio", type=float, help="mr: accepted fraction of the active block that spawns the next")
     p.add_argument("--pool-size", type=_int_or_tuned, help="mr: rejection-recycling verification size, or 'tuned'")
-    p.add_argument("--seed", type=int, help="seed of the random draft initialisation")
+    p.add_argument("--seed", type=int, help="seed of the sampling noise and of the random draft initialisation "
+                   "(two separate streams; default 0)")
+    p.add_argument("--temperature", type=float, help="sample at this temperature (default 0: greedy); every "
+                   "method gives the same tokens for the same --seed")
+    p.add_argument("--top-k", type=int, help="sampling: keep the k most likely tokens (default 0: off)")
+    p.add_argument("--top-p", type=float, help="sampling: keep the nucleus of this probability (default 1: off)")
     p.add_argument("--batch-size", type=int, default=1,
                    help="decode this many prompts at a time in one program (every method; tokens as decoded alone)")
     p.add_argument("--stream", action="store_true",
@@ -149,6 +155,9 @@ def run(args) -> dict:
         raise ValueError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be positive, got {args.batch_size}")
+    from jf_jax.decoding.sampling import Sampling
+
+    Sampling(**{k: v for k in ("temperature", "top_k", "top_p") if (v := getattr(args, k)) is not None})  # checks
     if args.stream and args.batch_size > 1:
         raise ValueError("--stream prints one prompt at a time: it needs --batch-size 1")
     prompts = read_prompts(args)
@@ -180,7 +189,7 @@ def run(args) -> dict:
                     if stream:
                         extra = dict(driver="python", on_tokens=stream_printer(model, f"[{method} #{index}] "))
                     (c,) = api.generate(model, [prompt], method=method, max_new_tokens=args.max_new_tokens,
-                                        chat=not args.no_chat, **options, **extra)
+                                        chat=not args.no_chat, first_index=index, **options, **extra)
                     if stream:
                         print(flush=True)
                     completions.append((index, c))

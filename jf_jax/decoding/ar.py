@@ -1,5 +1,5 @@
-"""Greedy autoregressive decoding: the baseline every speedup is measured against, and the ground truth of
-the lossless check.
+"""Autoregressive decoding, greedy or sampled (``decoding.sampling``): the baseline every speedup is measured
+against, and the ground truth of the lossless check.
 
 Two compiled programs: ``prefill`` (the whole prompt in one forward, first token out) and ``ar_loop`` (a
 ``lax.while_loop`` of one-token steps that stops on EOS or max_new_tokens, with no host round trip per
@@ -16,8 +16,9 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 
-from jf_jax.decoding.common import (GenerationResult, PreparedPrompts, StopReason, batch_slices, eos_array, greedy,
-                                    is_eos, prepare_prompts, trim_outputs)
+from jf_jax.decoding.common import (GenerationResult, PreparedPrompts, StopReason, batch_slices, eos_array, is_eos,
+                                    prepare_prompts, trim_outputs)
+from jf_jax.decoding.sampling import GREEDY, Sampling, choose, sampling_key
 from jf_jax.decoding.stats import prompt_stats, summarize
 from jf_jax.model.config import ModelConfig
 from jf_jax.model.decode_view import decode_view
@@ -51,13 +52,17 @@ class ARState:
     steps: jax.Array  # [] forwards run by the loop
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "out_capacity"), donate_argnames=("cache",))
+@functools.partial(jax.jit, static_argnames=("cfg", "out_capacity", "sampling"), donate_argnames=("cache",))
 def ar_loop(params: Params, cfg: ModelConfig, cache: KVCache, first_logits, max_new_tokens, eos_ids,
-            out_capacity: int) -> ARState:
-    """Greedy one-token steps until every row hit EOS or ``max_new_tokens`` (a traced scalar)."""
+            out_capacity: int, sample_keys=None, sampling: Sampling = GREEDY) -> ARState:
+    """One-token steps until every row hit EOS or ``max_new_tokens`` (a traced scalar). Each token is chosen by
+    ``sampling.choose`` at its absolute position (``cache.lengths`` + 1 for the token after the step's input)
+    with the row's sampling key ``sample_keys`` [B, 2] (unused when greedy)."""
     B = first_logits.shape[0]
     rows = jnp.arange(B)
-    first = greedy(first_logits)
+    if sample_keys is None:
+        sample_keys = jnp.zeros((B, 2), jnp.uint32)
+    first = choose(sampling, first_logits, cache.lengths, sample_keys)  # the prefilled cache holds the prompt
     out = jnp.full((B, out_capacity), -1, jnp.int32).at[:, 0].set(first)
     count = jnp.ones((B,), jnp.int32)
     done = is_eos(first, eos_ids) | (count >= max_new_tokens)
@@ -65,7 +70,7 @@ def ar_loop(params: Params, cfg: ModelConfig, cache: KVCache, first_logits, max_
 
     def step(s: ARState) -> ARState:
         hidden, cache = forward(params, cfg, s.last[:, None], cache=s.cache)
-        nxt = greedy(logits(params, cfg, hidden[:, 0]))
+        nxt = choose(sampling, logits(params, cfg, hidden[:, 0]), s.cache.lengths + 1, sample_keys)
         active = ~s.done
         cache = cache.commit(active.astype(jnp.int32))  # a finished row keeps its length: its write is dead
         out = s.out.at[rows, s.count].set(jnp.where(active, nxt, -1), mode="drop")
@@ -77,33 +82,40 @@ def ar_loop(params: Params, cfg: ModelConfig, cache: KVCache, first_logits, max_
     return jax.lax.while_loop(lambda s: ~jnp.all(s.done), step, state)
 
 
-def _run(params, cfg, tokens, lengths, prep: PreparedPrompts, eos, max_new_tokens: int):
+def _run(params, cfg, tokens, lengths, prep: PreparedPrompts, eos, max_new_tokens: int, sample_keys,
+         sampling: Sampling):
     start = time.perf_counter()
     cache, first_logits = prefill(params, cfg, tokens, lengths, prep.cache_capacity)
     first_logits.block_until_ready()
     prefill_done = time.perf_counter()
-    state = ar_loop(params, cfg, cache, first_logits, jnp.int32(max_new_tokens), eos, prep.out_capacity)
+    state = ar_loop(params, cfg, cache, first_logits, jnp.int32(max_new_tokens), eos, prep.out_capacity,
+                    sample_keys, sampling=sampling)
     out, count = jax.device_get((state.out, state.count))
     end = time.perf_counter()
     return out, count, end - start, prefill_done - start
 
 
 def generate_ar(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
-                eos_ids: Sequence[int], batch_size: int | None = None, warmup: bool = True) -> GenerationResult:
-    """Greedy AR decoding of token-id prompts, ``batch_size`` at a time (default: all in one batch; a short last
-    batch is padded with copies of its last prompt). With ``warmup`` the programs are compiled (by a 1-token run
-    on the same bucketed shapes) before the timed run, so ``seconds`` excludes compilation."""
+                eos_ids: Sequence[int], batch_size: int | None = None, warmup: bool = True,
+                sampling: Sampling = GREEDY, seed: int = 0, first_index: int = 0) -> GenerationResult:
+    """AR decoding of token-id prompts, ``batch_size`` at a time (default: all in one batch; a short last batch
+    is padded with copies of its last prompt). Greedy by default; with a ``sampling`` temperature > 0, prompt i
+    samples with ``sampling_key(seed, first_index + i)`` whatever its batch (``first_index``: where this call's
+    prompts start in a request decoded in several calls). With ``warmup`` the programs are compiled (by a
+    1-token run on the same bucketed shapes) before the timed run, so ``seconds`` excludes compilation."""
     prep = prepare_prompts(cfg, prompts, max_new_tokens, lookahead=1)
     params = decode_view(params)  # the decoders' view, as jacobi and mr take it (no-op when already a view)
     eos = eos_array(eos_ids)
     num = len(prep.lengths)
     B, batches = batch_slices(num, batch_size)
+    keys = jnp.stack([sampling_key(seed, first_index + i) for i in range(num)])
     if warmup:
-        _run(params, cfg, prep.tokens[batches[0][1]], prep.lengths[batches[0][1]], prep, eos, 1)
+        idx = batches[0][1]
+        _run(params, cfg, prep.tokens[idx], prep.lengths[idx], prep, eos, 1, keys[idx], sampling)
     tokens, timings = [], []
     for first, idx in batches:
         out, count, seconds, prefill_seconds = _run(params, cfg, prep.tokens[idx], prep.lengths[idx], prep, eos,
-                                                    prep.max_new_tokens)
+                                                    prep.max_new_tokens, keys[idx], sampling)
         tokens += trim_outputs(out, count)[: num - first]
         timings.append(dict(seconds=seconds, prefill_seconds=prefill_seconds))
     seconds, prefill_seconds = (sum(t[k] for t in timings) for k in ("seconds", "prefill_seconds"))
@@ -112,7 +124,7 @@ def generate_ar(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int
     per_prompt = [prompt_stats(tokens=len(t), forwards=len(t), stop=StopReason.EOS if t[-1] in eos_set
                                else StopReason.MAX_NEW_TOKENS, **(timings[i] if B == 1 else {}))
                   for i, t in enumerate(tokens)]
-    stats = dict(method="ar", batch_size=B, per_prompt=per_prompt,
+    stats = dict(method="ar", batch_size=B, **sampling.describe(), seed=seed, per_prompt=per_prompt,
                  total=summarize(per_prompt, seconds=seconds, prefill_seconds=prefill_seconds))
     return GenerationResult(token_ids=tokens, forwards=[p["forwards"] for p in per_prompt], seconds=seconds,
                             prefill_seconds=prefill_seconds, stats=stats)

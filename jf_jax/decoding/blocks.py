@@ -12,7 +12,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jf_jax.decoding.common import StopReason, greedy, is_eos
+from jf_jax.decoding.common import StopReason, is_eos
+from jf_jax.decoding.sampling import Sampling, choose
 from jf_jax.model.kv_cache import KVCache
 from jf_jax.model.config import ModelConfig
 from jf_jax.model.params import Params
@@ -65,13 +66,14 @@ def emit(out, count, tokens, num):
     return out.at[idx].set(tokens, mode="drop")
 
 
-def prefill_draft(params: Params, cfg: ModelConfig, prompts, prompt_lens, guesses, capacity: int):
+def prefill_draft(params: Params, cfg: ModelConfig, prompts, prompt_lens, guesses, capacity: int,
+                  sampling: Sampling, sample_keys):
     """The prefill-drafting trick, for B rows: forwards ``prompt[:prompt_len] ++ guesses`` (n guesses) of each row
     into a fresh cache.
 
-    prompts [B, P], prompt_lens [B], guesses [B, n]. Returns the cache holding only the prompts (the guesses' KV
-    is dropped) and per row the n tokens ``argmax(logits[P-1 : P+n-1])`` [B, n]: the true first response token
-    followed by a once-refined draft.
+    prompts [B, P], prompt_lens [B], guesses [B, n], sample_keys [B, 2]. Returns the cache holding only the prompts
+    (the guesses' KV is dropped) and per row the n tokens chosen from ``logits[P-1 : P+n-1]`` (positions P ..
+    P+n-1) [B, n]: the true first response token followed by a once-refined draft.
     """
     B, n = guesses.shape
     T = prompts.shape[1] + n
@@ -85,13 +87,15 @@ def prefill_draft(params: Params, cfg: ModelConfig, prompts, prompt_lens, guesse
     meta = causal_meta(positions, valid=positions < (prompt_lens + n)[:, None])
     hidden, cache = forward(params, cfg, tokens, meta=meta, cache=KVCache.init(cfg, B, capacity))
     rows = jax.vmap(lambda h, length: jax.lax.dynamic_slice_in_dim(h, length - 1, n))(hidden, prompt_lens)
-    return cache.with_lengths(prompt_lens), greedy(logits(params, cfg, rows))
+    chosen = choose(sampling, logits(params, cfg, rows), prompt_lens[:, None] + jnp.arange(n), sample_keys)
+    return cache.with_lengths(prompt_lens), chosen
 
 
 class BlockStart(NamedTuple):
     """What both block decoders begin with, after the prefill-drafting forward (every field per row, [B, ...])."""
 
     key: jax.Array  # [B, 2] the draft RNG keys after drawing the first guesses
+    sample_key: jax.Array  # [B, 2] the sampling keys (``decoding.sampling``; unused when greedy)
     guesses: jax.Array  # [B, n] the random draft the first block started from
     first: jax.Array  # [B, n] the first block's first draft (first[:, 0] is the first response token)
     first_eos: jax.Array  # [B] that token is EOS: generation ends with the one forward AR would also spend
@@ -101,17 +105,18 @@ class BlockStart(NamedTuple):
     accept_hist: jax.Array  # [B, n + 1] zeros: histogram of tokens accepted per iteration
 
 
-def start_blocks(params: Params, cfg: ModelConfig, n: int, prompts, prompt_lens, keys, eos_ids, out_capacity: int,
-                 capacity: int) -> BlockStart:
+def start_blocks(params: Params, cfg: ModelConfig, n: int, sampling: Sampling, prompts, prompt_lens, keys,
+                 sample_keys, eos_ids, out_capacity: int, capacity: int) -> BlockStart:
     """Draws n guesses per row from its prompt, runs ``prefill_draft`` and emits an EOS first token."""
     B = prompts.shape[0]
     keys, subs = jnp.moveaxis(jax.vmap(jax.random.split)(keys), 1, 0)
     out = jnp.full((B, out_capacity), -1, jnp.int32)
     guesses = jax.vmap(lambda k, p, pl, o: draw_context(k, p, pl, o, 0, n))(subs, prompts, prompt_lens, out)
-    cache, first = prefill_draft(params, cfg, prompts, prompt_lens, guesses, capacity)
+    cache, first = prefill_draft(params, cfg, prompts, prompt_lens, guesses, capacity, sampling, sample_keys)
     first_eos = is_eos(first[:, 0], eos_ids)
     out = jnp.where(first_eos[:, None], jax.vmap(lambda o, f: emit(o, 0, f, 1))(out, first), out)
-    return BlockStart(key=keys, guesses=guesses, first=first, first_eos=first_eos, out=out, cache=cache,
+    return BlockStart(key=keys, sample_key=sample_keys, guesses=guesses, first=first, first_eos=first_eos, out=out,
+                      cache=cache,
                       block_iters=jnp.zeros((B, out_capacity // n + 2), jnp.int32),
                       accept_hist=jnp.zeros((B, n + 1), jnp.int32))
 

@@ -1,4 +1,6 @@
-"""Greedy Jacobi decoding (spec section 1 and Decisions 1, 9): one step function, two drivers.
+"""Jacobi decoding (spec section 1 and Decisions 1, 9): one step function, two drivers. Greedy as described here;
+with ``decoding.sampling`` every ``argmax`` below is the keyed Gumbel-max choice of the same position, and the
+fixed point is AR's sampled sequence.
 
 A block of n tokens is decoded by fixed-point iteration. The current draft (``draft_len`` <= n tokens, padded
 to n; padded queries carry segment -1 and neither attend nor are attended) is forwarded over the committed
@@ -28,7 +30,8 @@ import jax.numpy as jnp
 
 from jf_jax.decoding.blocks import (cap_accepted, draw_context, emit, first_stop, leading_matches, start_blocks,
                                     step_stop)
-from jf_jax.decoding.common import GenerationResult, check_int, eos_array, greedy, is_eos, prepare_prompts
+from jf_jax.decoding.common import GenerationResult, check_int, eos_array, is_eos, prepare_prompts
+from jf_jax.decoding.sampling import GREEDY, Sampling, choose
 from jf_jax.decoding.runner import MAX_BLOCK_SIZE, BlockDecoder, OnTokens, decode_prompts, keep_if_done, per_row
 from jf_jax.model.config import ModelConfig
 from jf_jax.model.decode_view import decode_view
@@ -58,6 +61,7 @@ class JacobiState:
     prompt: jax.Array  # [P] bucketed prompt
     prompt_len: jax.Array  # []
     key: jax.Array  # [2] PRNG key for the random drafts
+    sample_key: jax.Array  # [2] sampling key (``decoding.sampling``), fixed for the prompt
     max_new: jax.Array  # []
     eos_ids: jax.Array  # [8] padded with -1
     forwards: jax.Array  # [] model forwards, prefill included
@@ -72,18 +76,20 @@ class JacobiDecoder(BlockDecoder):
     """The static half of Jacobi decoding: the model config and the block size (hashable; a jit static arg).
     Drivers (``run_compiled``, ``run_python``) come from ``BlockDecoder``."""
 
-    @functools.partial(jax.jit, static_argnums=(0, 7, 8))
-    def init(self, params: Params, prompts, prompt_lens, keys, max_new, eos_ids, out_capacity: int,
+    @functools.partial(jax.jit, static_argnums=(0, 8, 9))
+    def init(self, params: Params, prompts, prompt_lens, keys, sample_keys, max_new, eos_ids, out_capacity: int,
              capacity: int) -> JacobiState:
         """Prefill with the drafting trick; the returned state's draft is each row's first block's first draft."""
         n = self.block_size
         B = prompts.shape[0]
-        b = start_blocks(params, self.cfg, n, prompts, prompt_lens, keys, eos_ids, out_capacity, capacity)
+        b = start_blocks(params, self.cfg, n, self.sampling, prompts, prompt_lens, keys, sample_keys, eos_ids,
+                         out_capacity, capacity)
         rows = functools.partial(per_row, batch=B)
         return JacobiState(
             draft=b.first, draft_len=rows(n), block_init=b.guesses, out=b.out, count=b.first_eos.astype(jnp.int32),
             block_start=rows(0), done=b.first_eos, cache=b.cache, prompt=prompts, prompt_len=prompt_lens, key=b.key,
-            max_new=rows(max_new), eos_ids=rows(eos_ids), forwards=rows(1), block=rows(0), block_iters=b.block_iters,
+            sample_key=b.sample_key, max_new=rows(max_new), eos_ids=rows(eos_ids), forwards=rows(1), block=rows(0),
+            block_iters=b.block_iters,
             accept_hist=b.accept_hist, stop=first_stop(b.first_eos))
 
     def _step(self, params: Params, s: JacobiState) -> JacobiState:
@@ -92,7 +98,7 @@ class JacobiDecoder(BlockDecoder):
         positions = s.cache.lengths[:, None] + j
         meta = causal_meta(positions, valid=j < s.draft_len[:, None])
         hidden, cache = forward(params, self.cfg, s.draft, meta=meta, cache=s.cache)
-        g = greedy(logits(params, self.cfg, hidden))  # [B, n]
+        g = choose(self.sampling, logits(params, self.cfg, hidden), positions + 1, s.sample_key)  # [B, n]
         rows, accepted = jax.vmap(self._advance)(dataclasses.replace(s, cache=None), g)
         return dataclasses.replace(rows, cache=cache.commit(accepted))
 
@@ -136,14 +142,17 @@ class JacobiDecoder(BlockDecoder):
 def generate_jacobi(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                     eos_ids: Sequence[int], block_size: int = 64, seed: int = 0, batch_size: int = 1,
                     warmup: bool = True, driver: str = "compiled", on_tokens: OnTokens | None = None,
-                    on_step: Callable[[int, JacobiState, JacobiState], None] | None = None) -> GenerationResult:
-    """Greedy Jacobi decoding of token-id prompts, ``batch_size`` prompts at a time (each row with its own block,
-    acceptance, cache length and stop; shapes are bucketed so new prompts reuse the compiled programs).
+                    on_step: Callable[[int, JacobiState, JacobiState], None] | None = None,
+                    sampling: Sampling = GREEDY, first_index: int = 0) -> GenerationResult:
+    """Jacobi decoding of token-id prompts (greedy, or sampled with ``sampling``: the same tokens as AR with the
+    same ``sampling`` and ``seed``; ``first_index`` as in ``runner.decode_prompts``), ``batch_size`` prompts at a
+    time (each row with its own block, acceptance, cache length and stop; shapes are bucketed so new prompts reuse
+    the compiled programs).
     ``driver="python"`` steps from the host and may stream, ``on_tokens(prompt_index, new_ids)``, and observe,
     ``on_step(prompt_index, before, after)`` (one-row views of the state). ``forwards`` counts the prefill;
     ``stats`` holds per-prompt and total statistics (``decoding.stats``)."""
     n = check_int("block_size", block_size, 1, MAX_BLOCK_SIZE)
     prep = prepare_prompts(cfg, prompts, max_new_tokens, lookahead=n)
-    return decode_prompts(JacobiDecoder(cfg, n), decode_view(params), prep, eos_array(eos_ids), seed=seed,
-                          batch_size=batch_size, driver=driver, warmup=warmup, on_tokens=on_tokens, on_step=on_step,
-                          settings=dict(method="jacobi"))
+    return decode_prompts(JacobiDecoder(cfg, n, sampling=sampling), decode_view(params), prep, eos_array(eos_ids),
+                          seed=seed, batch_size=batch_size, driver=driver, warmup=warmup, on_tokens=on_tokens,
+                          on_step=on_step, settings=dict(method="jacobi"), first_index=first_index)

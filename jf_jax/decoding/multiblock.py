@@ -18,7 +18,8 @@ see ``jf_jax.decoding.recycling``) updates everything at once:
   token is then the RA's bonus token) and is re-verified from scratch by the next forward: its work is carried
   over (REF discards it). With no PA block, the next RA is ``[bonus] ++ (n-1) context draws``.
 
-Only the RA's verified tokens are ever emitted, so the output equals greedy AR decoding.
+Only the RA's verified tokens are ever emitted, so the output equals AR decoding (greedy, or sampled with the same
+``decoding.sampling`` settings and seed: every prediction is the same function of its position's logits).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from jf_jax.decoding.blocks import (cap_accepted, context_ids, draw_context, emi
                                     start_blocks, step_stop)
 from jf_jax.decoding.common import GenerationError, GenerationResult, check_int, eos_array, is_eos, prepare_prompts
 from jf_jax.decoding.recycling import build_candidates, forward_rows, harvest, pick_winner, push
+from jf_jax.decoding.sampling import GREEDY, Sampling
 from jf_jax.decoding.runner import MAX_BLOCK_SIZE, BlockDecoder, OnTokens, decode_prompts, keep_if_done, per_row
 from jf_jax.model.config import ModelConfig
 from jf_jax.model.decode_view import decode_view
@@ -64,7 +66,8 @@ class MRState:
     cache: KVCache | None  # B rows; lengths == prompt_len + count (None in a one-row view)
     prompt: jax.Array  # [P]
     prompt_len: jax.Array  # []
-    key: jax.Array  # [2]
+    key: jax.Array  # [2] draft RNG key
+    sample_key: jax.Array  # [2] sampling key (``decoding.sampling``), fixed for the prompt
     max_new: jax.Array  # []
     eos_ids: jax.Array  # [8]
     pool: jax.Array  # [pool_size, n + K*n] recycled n-grams
@@ -91,18 +94,20 @@ class MRDecoder(BlockDecoder):
     def width(self) -> int:
         return self.block_size * self.num_blocks
 
-    @functools.partial(jax.jit, static_argnums=(0, 7, 8))
-    def init(self, params: Params, prompts, prompt_lens, keys, max_new, eos_ids, out_capacity: int,
+    @functools.partial(jax.jit, static_argnums=(0, 8, 9))
+    def init(self, params: Params, prompts, prompt_lens, keys, sample_keys, max_new, eos_ids, out_capacity: int,
              capacity: int) -> MRState:
         n, W, S = self.block_size, self.width, self.pool_size
         B = prompts.shape[0]
-        b = start_blocks(params, self.cfg, n, prompts, prompt_lens, keys, eos_ids, out_capacity, capacity)
+        b = start_blocks(params, self.cfg, n, self.sampling, prompts, prompt_lens, keys, sample_keys, eos_ids,
+                         out_capacity, capacity)
         rows = functools.partial(per_row, batch=B)
         return MRState(
             row=jnp.pad(b.first, ((0, 0), (0, W - n))), row_len=rows(n), ra_len=rows(n), n_pa=rows(0),
             pa_progress=rows(jnp.zeros((self.num_blocks,))), out=b.out, count=b.first_eos.astype(jnp.int32),
             block_start=rows(0), done=b.first_eos, cache=b.cache, prompt=prompts, prompt_len=prompt_lens,
-            key=b.key, max_new=rows(max_new), eos_ids=rows(eos_ids), pool=rows(jnp.zeros((S, n + W))),
+            key=b.key, sample_key=b.sample_key, max_new=rows(max_new), eos_ids=rows(eos_ids),
+            pool=rows(jnp.zeros((S, n + W))),
             pool_len=rows(jnp.zeros((S,))), pool_next=rows(0), forwards=rows(1), block=rows(0),
             block_iters=b.block_iters, accept_hist=b.accept_hist, counters=rows(jnp.zeros((len(MR_COUNTERS),))),
             stop=first_stop(b.first_eos))
@@ -112,7 +117,8 @@ class MRDecoder(BlockDecoder):
         winning row [B, W], its predictions, its new KV [L, B, W, K, Dh] and its index [B]."""
         B, R, W = rows.shape
         valid = jnp.repeat(jnp.arange(W) < s.row_len[:, None], R, axis=0)
-        g, k, v = forward_rows(params, self.cfg, rows.reshape(B * R, W), valid, s.cache)
+        g, k, v = forward_rows(params, self.cfg, rows.reshape(B * R, W), valid, s.cache, self.sampling,
+                               jnp.repeat(s.sample_key, R, axis=0))
         g = g.reshape(B, R, W)
         win = jax.vmap(pick_winner)(rows, g, s.row_len, s.ra_len)
         b = jnp.arange(B)
@@ -204,21 +210,22 @@ class MRDecoder(BlockDecoder):
 def generate_mr(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                 eos_ids: Sequence[int], block_size: int = 64, num_blocks: int = 2, spawn_ratio: float = 0.85,
                 pool_size: int = 4, seed: int = 0, batch_size: int = 1, warmup: bool = True, driver: str = "compiled",
-                on_tokens: OnTokens | None = None,
-                on_step: Callable[[int, MRState, MRState], None] | None = None) -> GenerationResult:
+                on_tokens: OnTokens | None = None, on_step: Callable[[int, MRState, MRState], None] | None = None,
+                sampling: Sampling = GREEDY, first_index: int = 0) -> GenerationResult:
     """Multi-block Jacobi decoding with rejection recycling ("mr"), ``batch_size`` prompts at a time on bucketed
     shapes (with recycling, a forward verifies ``pool_size`` rows per prompt whenever any prompt has candidates).
     ``pool_size`` is the verification size: up to ``pool_size - 1`` recycled candidates are verified beside the
-    draft (1 disables recycling); ``num_blocks=1`` disables multi-block. Drivers, streaming and observing as
-    ``generate_jacobi``."""
+    draft (1 disables recycling); ``num_blocks=1`` disables multi-block. Drivers, streaming, observing and
+    ``sampling`` as ``generate_jacobi``."""
     n = check_int("block_size", block_size, 1, MAX_BLOCK_SIZE)
     num_blocks = check_int("num_blocks", num_blocks, 1, MAX_NUM_BLOCKS)
     pool_size = check_int("pool_size", pool_size, 1, MAX_POOL_SIZE)
     if isinstance(spawn_ratio, bool) or not isinstance(spawn_ratio, (int, float)) or not 0 < spawn_ratio <= 1:
         raise GenerationError(f"spawn_ratio must be a number in (0, 1], got {spawn_ratio!r}")
     prep = prepare_prompts(cfg, prompts, max_new_tokens, lookahead=n * num_blocks)
-    decoder = MRDecoder(cfg, n, num_blocks, max(1, math.ceil(spawn_ratio * n - 1e-9)), pool_size)
+    decoder = MRDecoder(cfg, n, num_blocks, max(1, math.ceil(spawn_ratio * n - 1e-9)), pool_size, sampling=sampling)
     settings = dict(method="mr", num_blocks=num_blocks, spawn_ratio=float(spawn_ratio),
                     spawn_threshold=decoder.spawn_threshold, pool_size=pool_size)
     return decode_prompts(decoder, decode_view(params), prep, eos_array(eos_ids), seed=seed, batch_size=batch_size,
-                          driver=driver, warmup=warmup, on_tokens=on_tokens, on_step=on_step, settings=settings)
+                          driver=driver, warmup=warmup, on_tokens=on_tokens, on_step=on_step, settings=settings,
+                          first_index=first_index)

@@ -12,6 +12,7 @@ import numpy as np
 from jf_jax.decoding.common import check_int, eos_array, prepare_prompts, prompt_key
 from jf_jax.decoding.jacobi import JacobiDecoder, JacobiState
 from jf_jax.decoding.runner import MAX_BLOCK_SIZE
+from jf_jax.decoding.sampling import sampling_key
 from jf_jax.model.config import ModelConfig
 from jf_jax.model.decode_view import decode_view
 from jf_jax.model.params import Params
@@ -46,7 +47,7 @@ def record_trajectories(params: Params, cfg: ModelConfig, prompt_ids: Sequence[i
     decoder = JacobiDecoder(cfg, n)
     params = decode_view(params)
     # The decoder itself sees no EOS ids: blocks run to their fixed points; the recorder stops at the EOS block.
-    state = decoder.init(params, prep.tokens, prep.lengths, prompt_key(seed, 0)[None],
+    state = decoder.init(params, prep.tokens, prep.lengths, prompt_key(seed, 0)[None], sampling_key(seed, 0)[None],
                          jnp.int32(prep.max_new_tokens), eos_array(()), prep.out_capacity, prep.cache_capacity)
     context = np.asarray(prompt_ids, np.int32)
     states = [np.asarray(state.block_init[0]), np.asarray(state.draft[0])]

@@ -17,21 +17,24 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from jf_jax.decoding.blocks import leading_matches
-from jf_jax.decoding.common import greedy
+from jf_jax.decoding.sampling import Sampling, choose
 from jf_jax.model.config import ModelConfig
 from jf_jax.model.kv_cache import KVCache
 from jf_jax.model.transformer import forward_shared_prefix, logits
 from jf_jax.model.params import Params
 
 
-def forward_rows(params: Params, cfg: ModelConfig, tokens, valid, cache: KVCache):
+def forward_rows(params: Params, cfg: ModelConfig, tokens, valid, cache: KVCache, sampling: Sampling, sample_keys):
     """Forwards ``tokens`` [B*R, W] (``valid`` [B*R, W] marks real tokens) over the committed prefixes of a cache of
     B rows, each shared by its R consecutive token rows (``model.forward_shared_prefix``); the cache is not written.
 
-    Returns (greedy predictions [B*R, W], new keys [L, B*R, W, K, Dh], new values).
+    Returns (predictions [B*R, W]: the token chosen after each, with the token rows' ``sample_keys`` [B*R, 2];
+    new keys [L, B*R, W, K, Dh], new values).
     """
     hidden, new_k, new_v = forward_shared_prefix(params, cfg, tokens, cache, valid=valid)
-    return greedy(logits(params, cfg, hidden)), new_k, new_v
+    R = tokens.shape[0] // cache.lengths.shape[0]
+    positions = jnp.repeat(cache.lengths, R)[:, None] + jnp.arange(tokens.shape[1])  # of the row's tokens
+    return choose(sampling, logits(params, cfg, hidden), positions + 1, sample_keys), new_k, new_v
 
 
 def pick_winner(rows, preds, row_len, ra_len):

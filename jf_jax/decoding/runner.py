@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jf_jax.decoding.common import GenerationError, GenerationResult, PreparedPrompts, batch_slices, prompt_key
+from jf_jax.decoding.sampling import GREEDY, Sampling, sampling_key
 from jf_jax.decoding.stats import prompt_stats, summarize
 from jf_jax.model.config import ModelConfig
 
@@ -65,8 +66,12 @@ class BlockDecoder:
 
     cfg: ModelConfig
     block_size: int
+    sampling: Sampling = dataclasses.field(default=GREEDY, kw_only=True)
+    """How every token is chosen from its logits (``decoding.sampling``): greedy, or keyed Gumbel-max sampling."""
 
-    def init(self, params, prompts, prompt_lens, keys, max_new, eos_ids, out_capacity: int, capacity: int):
+    def init(self, params, prompts, prompt_lens, keys, sample_keys, max_new, eos_ids, out_capacity: int,
+             capacity: int):
+        """The prefill: the loop state of B rows; ``keys`` [B, 2] draft keys, ``sample_keys`` [B, 2] sampling keys."""
         raise NotImplementedError
 
     def _step(self, params, state):
@@ -124,11 +129,13 @@ def check_driver(driver: str, on_tokens, on_step) -> None:
 def decode_prompts(decoder: BlockDecoder, params, prep: PreparedPrompts, eos_ids: np.ndarray, *, seed: int,
                    batch_size: int = 1, driver: str = "compiled", warmup: bool = True,
                    on_tokens: OnTokens | None = None, on_step: Callable[[int, Any, Any], bool | None] | None = None,
-                   settings: dict | None = None) -> GenerationResult:
+                   settings: dict | None = None, first_index: int = 0) -> GenerationResult:
     """Decodes every prompt of ``prep`` with ``decoder``, ``batch_size`` prompts at a time, on bucketed shapes
-    so batches share the compiled programs (a last, smaller batch is padded with finished rows). Prompt i draws
-    its drafts from ``prompt_key(seed, i)`` whatever its batch, so its tokens and statistics do not depend on
-    ``batch_size``. ``on_step(prompt_index, before, after)`` observes the python driver.
+    so batches share the compiled programs (a last, smaller batch is padded with finished rows). Prompt i (of the
+    request: ``first_index + i``) draws its drafts from ``prompt_key(seed, first_index + i)`` whatever its batch,
+    so its tokens and statistics do not depend on ``batch_size``; it samples (when ``decoder.sampling`` is not
+    greedy) with ``sampling_key(seed, first_index + i)``, a stream apart from the drafts'.
+    ``on_step(prompt_index, before, after)`` observes the python driver.
 
     ``warmup`` first compiles the programs with a 1-token run on the same shapes, so ``seconds`` excludes
     compilation. Prompts decoded together share one wall clock: per-prompt seconds exist only for
@@ -140,10 +147,11 @@ def decode_prompts(decoder: BlockDecoder, params, prep: PreparedPrompts, eos_ids
 
     def run_batch(first: int, idx, max_new: int, stream=None, observe=None):
         padding = jnp.asarray(np.arange(first, first + B) >= num)  # rows repeating a prompt: finished from the start
-        keys = jnp.stack([prompt_key(seed, int(i)) for i in idx])
+        keys = jnp.stack([prompt_key(seed, first_index + int(i)) for i in idx])
+        sample_keys = jnp.stack([sampling_key(seed, first_index + int(i)) for i in idx])
         start = time.perf_counter()
-        state = decoder.init(params, prep.tokens[idx], prep.lengths[idx], keys, jnp.int32(max_new), eos_ids,
-                             prep.out_capacity, prep.cache_capacity)
+        state = decoder.init(params, prep.tokens[idx], prep.lengths[idx], keys, sample_keys, jnp.int32(max_new),
+                             eos_ids, prep.out_capacity, prep.cache_capacity)
         state = dataclasses.replace(state, done=state.done | padding)
         state.count.block_until_ready()
         prefill_done = time.perf_counter()
@@ -172,6 +180,7 @@ def decode_prompts(decoder: BlockDecoder, params, prep: PreparedPrompts, eos_ids
     total = summarize(per_prompt) if B == 1 else summarize(per_prompt, seconds=seconds,
                                                              prefill_seconds=prefill_seconds)
     stats = dict(**(settings or {}), block_size=decoder.block_size, batch_size=B, driver=driver, seed=seed,
+                 **decoder.sampling.describe(),
                  per_prompt=per_prompt, total=total)
     return GenerationResult(token_ids=token_ids, forwards=[p["forwards"] for p in per_prompt],
                             seconds=total["seconds"], prefill_seconds=total["prefill_seconds"], stats=stats)
