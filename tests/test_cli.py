@@ -74,7 +74,29 @@ def test_batch_size_decodes_prompts_together(tiny_gguf, tmp_path, capsys):
     assert "2 prompts at a time" in capsys.readouterr().out
 
 
+def test_sampled_tokens_are_equal_across_methods_and_batching(tiny_gguf, tmp_path):
+    out = tmp_path / "s.json"
+    args = ["--model", tiny_gguf, "--prompt", "abc", "--prompt", "hello there", "--prompt", "abc", "--no-chat",
+            "--methods", "ar,jacobi,mr", "--max-new-tokens", "6", "--block-size", "3", "--temperature", "0.8",
+            "--top-p", "0.95", "--json", str(out)]
+    runs = {}
+    for seed, batch in (("3", "1"), ("3", "2"), ("4", "1")):
+        assert decode.main(args + ["--seed", seed, "--batch-size", batch]) == 0
+        report = json.loads(out.read_text())
+        by_method = {}
+        for r in report["runs"]:
+            by_method.setdefault(r["method"], []).append(r["token_ids"])
+        assert by_method["ar"] == by_method["jacobi"] == by_method["mr"]
+        runs[seed, batch] = by_method["ar"]
+        assert report["settings"]["temperature"] == 0.8 and report["settings"]["top_p"] == 0.95
+    assert runs["3", "1"] == runs["3", "2"]  # keyed by the prompt's index in the request, not its batch
+    assert runs["3", "1"] != runs["4", "1"]
+
+
 @pytest.mark.parametrize("args, message", [
+    (["--top-k", "5"], "only apply when sampling"),
+    (["--temperature", "-1"], "temperature must be a finite number >= 0"),
+    (["--temperature", "1", "--top-p", "0"], "top_p must be a number in (0, 1]"),
     (["--batch-size", "0"], "--batch-size must be positive"),
     (["--batch-size", "2", "--stream"], "--stream prints one prompt at a time"),
     (["--model", "/nonexistent/model.gguf"], "no such model name, file or directory"),
