@@ -54,7 +54,7 @@ def test_init_matches_abstract_and_check_params_names_problems():
     ({"model_type": "gpt_neox", "architectures": ["GPTNeoXForCausalLM"]}, "unknown architecture"),
     ({"num_key_value_heads": 5}, "multiple of num_kv_heads"),
     ({"hidden_size": -1}, "hidden_size must be a positive integer"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling"),
+    ({"rope_scaling": {"rope_type": "longrope", "factor": 4.0}}, "rope_scaling type 'longrope' is not supported"),
     ({"hidden_act": "gelu"}, "hidden_act"),
 ])
 def test_malformed_configs_are_named(change, message):

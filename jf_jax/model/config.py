@@ -11,7 +11,8 @@ from typing import Any, Mapping
 
 import jax.numpy as jnp
 
-SUPPORTED_ARCHITECTURES = ("qwen2", "llama")
+SUPPORTED_ARCHITECTURES = ("qwen2", "llama", "qwen3")
+ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
 SUPPORTED_DTYPES = ("float32", "bfloat16")
 ATTENTION_IMPLS = ("reference", "pallas")
 
@@ -21,11 +22,43 @@ class ConfigError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class RopeScaling:
+    """A ``rope_scaling`` / ``rope_parameters`` entry of a Hugging Face config (``jf_jax.model.rope`` has the math)."""
+
+    rope_type: str
+    factor: float = 1.0
+    original_max_position_embeddings: int | None = None
+    """llama3 and yarn: the context the model was pretrained with."""
+    low_freq_factor: float | None = None
+    high_freq_factor: float | None = None
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float | None = None
+    """yarn: the cos/sin scale; None derives it from the factor as transformers does."""
+    truncate: bool = True
+
+    def __post_init__(self):
+        if self.rope_type not in ROPE_TYPES:
+            raise ConfigError(f"rope_scaling type {self.rope_type!r} is not supported; supported: "
+                              f"{', '.join(ROPE_TYPES)}")
+        if not (isinstance(self.factor, (int, float)) and self.factor > 0):
+            raise ConfigError(f"rope_scaling factor must be a positive number, got {self.factor!r}")
+        if self.rope_type in ("llama3", "yarn") and not self.original_max_position_embeddings:
+            raise ConfigError(f"rope_scaling type {self.rope_type!r} needs original_max_position_embeddings")
+        if self.rope_type == "llama3":
+            if self.low_freq_factor is None or self.high_freq_factor is None:
+                raise ConfigError("rope_scaling type 'llama3' needs low_freq_factor and high_freq_factor")
+            if not 0 < self.low_freq_factor < self.high_freq_factor:
+                raise ConfigError(f"llama3 rope_scaling needs 0 < low_freq_factor < high_freq_factor, got "
+                                  f"{self.low_freq_factor} and {self.high_freq_factor}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    """Dimensions and numerics of a Qwen2 / Llama decoder-only transformer."""
+    """Dimensions and numerics of a Qwen2 / Qwen3 / Llama decoder-only transformer."""
 
     architecture: str
-    """"qwen2" (q/k/v biases) or "llama" (no biases)."""
+    """"qwen2" (q/k/v biases), "qwen3" (per-head q/k norms) or "llama"."""
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -44,6 +77,10 @@ class ModelConfig:
     param_dtype: str = "float32"
     attention_impl: str = "reference"
     """"reference" (plain JAX) or "pallas" (the flash kernel in pallas_kernels)."""
+    qk_norm: bool = False
+    """Qwen3: RMSNorm over each query and key head (weights ``q_norm`` / ``k_norm`` [Dh]) before RoPE."""
+    rope_scaling: RopeScaling | None = None
+    """None: plain RoPE; else the scaling of ``jf_jax.model.rope``."""
     remat: bool = False
     """Training: recompute each layer's activations in the backward pass (the ``lax.scan`` body under
     ``jax.checkpoint``) instead of keeping every layer's. Measured on the 2-core CPU, SmolLM2-135M, 320 tokens:
@@ -71,6 +108,8 @@ class ModelConfig:
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in SUPPORTED_DTYPES:
                 raise ConfigError(f"{name} must be one of {SUPPORTED_DTYPES}, got {getattr(self, name)!r}")
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
+            raise ConfigError(f"rope_scaling must be a RopeScaling, got {type(self.rope_scaling).__name__}")
         if self.attention_impl not in ATTENTION_IMPLS:
             raise ConfigError(f"attention_impl must be one of {ATTENTION_IMPLS}, got {self.attention_impl!r}")
 
@@ -102,17 +141,23 @@ class ModelConfig:
                          if f.name not in data and f.default is dataclasses.MISSING)
         if missing:
             raise ConfigError(f"model config is missing keys: {', '.join(missing)}")
+        data = dict(data)
+        if isinstance(data.get("rope_scaling"), Mapping):
+            data["rope_scaling"] = RopeScaling(**data["rope_scaling"])
         return cls(**data)
 
 
 def _architecture_from_hf(hf: Mapping[str, Any]) -> str:
     model_type = str(hf.get("model_type", "")).lower()
+    names = [str(n).lower() for n in hf.get("architectures") or ()]
+    if "moe" in model_type or any("moe" in n for n in names) or hf.get("num_experts") or hf.get("num_local_experts"):
+        raise ConfigError(f"mixture-of-experts models (model_type={hf.get('model_type')!r}) are not supported; "
+                          f"supported: dense {', '.join(SUPPORTED_ARCHITECTURES)}")
     if model_type in SUPPORTED_ARCHITECTURES:
         return model_type
-    for name in hf.get("architectures") or ():
-        lowered = str(name).lower()
-        for arch in SUPPORTED_ARCHITECTURES:
-            if lowered.startswith(arch):
+    for lowered in names:
+        for arch in sorted(SUPPORTED_ARCHITECTURES, key=len, reverse=True):  # "qwen3..." before "qwen..."
+            if lowered.startswith(arch) and lowered[len(arch):].startswith("forcausallm"):
                 return arch
     raise ConfigError(
         f"unknown architecture (model_type={hf.get('model_type')!r}, architectures={hf.get('architectures')!r});"
@@ -120,8 +165,56 @@ def _architecture_from_hf(hf: Mapping[str, Any]) -> str:
     )
 
 
+_ROPE_FIELDS = {f.name for f in dataclasses.fields(RopeScaling)}
+# Keys of a rope_parameters dict that are not scaling options (transformers 5 keeps rope_theta there).
+_ROPE_IGNORED = {"rope_theta", "type", "rope_type"}
+
+
+def rope_scaling_from_hf(hf: Mapping[str, Any]) -> RopeScaling | None:
+    """The RoPE scaling of a HF config: ``rope_scaling`` (transformers 4) or ``rope_parameters`` (5); None for plain
+    RoPE. Options we do not implement are refused by name, never ignored."""
+    entry = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
+    if not isinstance(entry, Mapping):
+        raise ConfigError(f"rope_scaling must be a JSON object, got {entry!r}")
+    kind = entry.get("rope_type") or entry.get("type") or "default"
+    if entry.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise ConfigError("partial rotary embeddings (partial_rotary_factor != 1) are not supported")
+    if kind not in ROPE_TYPES:
+        raise ConfigError(f"rope_scaling type {kind!r} is not supported; supported: {', '.join(ROPE_TYPES)}")
+    if kind == "default":
+        return None
+    options = {k: v for k, v in entry.items() if k not in _ROPE_IGNORED and k != "partial_rotary_factor"}
+    unknown = sorted(set(options) - _ROPE_FIELDS)
+    if unknown:
+        raise ConfigError(f"rope_scaling option(s) {', '.join(unknown)} of type {kind!r} are not supported")
+    if kind == "yarn" and "original_max_position_embeddings" not in options:
+        options["original_max_position_embeddings"] = hf.get("max_position_embeddings")
+    if options.get("factor") is None and kind == "yarn":  # transformers: the context ratio
+        options["factor"] = hf["max_position_embeddings"] / options["original_max_position_embeddings"]
+    if kind != "yarn" and options.get("attention_factor") not in (None, 1.0):
+        raise ConfigError(f"rope_scaling attention_factor is only supported with type 'yarn', not {kind!r}")
+    options = {k: v for k, v in options.items() if v is not None and not (k == "attention_factor" and kind != "yarn")}
+    return RopeScaling(rope_type=kind, **options)
+
+
+def _refuse_unsupported(hf: Mapping[str, Any], arch: str) -> None:
+    if hf.get("hidden_act", "silu") != "silu":
+        raise ConfigError(f"hidden_act {hf.get('hidden_act')!r} is not supported (only silu / SwiGLU)")
+    if hf.get("use_sliding_window") or (arch == "llama" and hf.get("sliding_window")):
+        raise ConfigError(f"sliding-window attention (use_sliding_window / sliding_window="
+                          f"{hf.get('sliding_window')!r}) is not supported")
+    if any(t != "full_attention" for t in hf.get("layer_types") or ()):
+        raise ConfigError(f"layer_types other than full_attention ({sorted(set(hf['layer_types']))}) are not "
+                          "supported")
+    if hf.get("mlp_bias"):
+        raise ConfigError(f"{arch} configs with mlp_bias=True are not supported")
+    if arch == "qwen2" and hf.get("attention_bias") is False:
+        raise ConfigError("qwen2 configs with attention_bias=False are not supported (Qwen2 always has q/k/v "
+                          "biases)")
+
+
 def from_hf_config(hf: Mapping[str, Any], **overrides) -> ModelConfig:
-    """Builds a ModelConfig from a Hugging Face ``config.json`` dict (Qwen2 or Llama)."""
+    """Builds a ModelConfig from a Hugging Face ``config.json`` dict (Qwen2, Qwen3 or Llama)."""
     if not isinstance(hf, Mapping):
         raise ConfigError(f"a Hugging Face config must be a JSON object, got {type(hf).__name__}")
     arch = _architecture_from_hf(hf)
@@ -129,11 +222,7 @@ def from_hf_config(hf: Mapping[str, Any], **overrides) -> ModelConfig:
     missing = [k for k in required if k not in hf]
     if missing:
         raise ConfigError(f"Hugging Face config is missing keys: {', '.join(missing)}")
-    rope_scaling = hf.get("rope_scaling")
-    if rope_scaling and (rope_scaling.get("rope_type") or rope_scaling.get("type")) not in (None, "default"):
-        raise ConfigError(f"rope_scaling {rope_scaling!r} is not supported (only plain RoPE)")
-    if hf.get("hidden_act", "silu") != "silu":
-        raise ConfigError(f"hidden_act {hf.get('hidden_act')!r} is not supported (only silu / SwiGLU)")
+    _refuse_unsupported(hf, arch)
     num_heads = hf["num_attention_heads"]
     rope_params = hf.get("rope_parameters") or {}
     fields = dict(
@@ -148,21 +237,13 @@ def from_hf_config(hf: Mapping[str, Any], **overrides) -> ModelConfig:
         rope_theta=float(hf.get("rope_theta", rope_params.get("rope_theta", 10000.0))),
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         max_position_embeddings=hf.get("max_position_embeddings", 32768),
-        # Qwen2 always carries q/k/v biases; Llama has an explicit flag (False for SmolLM2 and Llama 2/3).
+        # Qwen2 always carries q/k/v biases; Llama and Qwen3 have an explicit flag (False for SmolLM2, Llama 2/3
+        # and Qwen3).
         attention_bias=True if arch == "qwen2" else bool(hf.get("attention_bias", False)),
-        # Both Qwen2Config and LlamaConfig default to untied embeddings.
+        # Qwen2Config, Qwen3Config and LlamaConfig default to untied embeddings.
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        qk_norm=arch == "qwen3",
+        rope_scaling=rope_scaling_from_hf(hf),
     )
-    if arch == "llama" and hf.get("mlp_bias"):
-        raise ConfigError("Llama configs with mlp_bias=True are not supported")
     fields.update(overrides)
     return ModelConfig(**fields)
-
-
-# Real configs used by tests and the roofline model (values from the published config.json files).
-QWEN2P5_7B_HF_CONFIG = {
-    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 152064, "hidden_size": 3584,
-    "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
-    "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "tie_word_embeddings": False,
-    "hidden_act": "silu",
-}

@@ -12,6 +12,7 @@ Layout (L layers, D hidden, H query heads, K kv heads, Dh head dim, F mlp width,
     layers/wq    [L, D, H, Dh]   layers/bq [L, H, Dh]   (biases only when cfg.attention_bias)
     layers/wk    [L, D, K, Dh]   layers/bk [L, K, Dh]
     layers/wv    [L, D, K, Dh]   layers/bv [L, K, Dh]
+    layers/q_norm [L, Dh]        layers/k_norm [L, Dh]  (only when cfg.qk_norm: Qwen3)
     layers/wo    [L, H, Dh, D]
     layers/w_gate [L, D, F]      layers/w_up [L, D, F]   layers/w_down [L, F, D]
     final_norm   [D]
@@ -61,6 +62,9 @@ def param_specs(cfg: ModelConfig) -> dict:
         "w_up": ParamSpec((L, D, F), ("layers", "embed", "mlp"), "normal", D),
         "w_down": ParamSpec((L, F, D), ("layers", "mlp", "embed"), "normal", F),
     }
+    if cfg.qk_norm:
+        layers["q_norm"] = ParamSpec((L, Dh), ("layers", "head_dim"), "ones")
+        layers["k_norm"] = ParamSpec((L, Dh), ("layers", "head_dim"), "ones")
     if cfg.attention_bias:
         # Initialised small but non-zero so parity tests exercise the bias path.
         layers["bq"] = ParamSpec((L, H, Dh), ("layers", "q_heads", "head_dim"), "normal", D)

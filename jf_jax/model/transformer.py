@@ -1,4 +1,4 @@
-"""The Qwen2 / Llama decoder as pure functions over the parameter pytree of ``jf_jax.model.params``.
+"""The Qwen2 / Qwen3 / Llama decoder as pure functions over the parameter pytree of ``jf_jax.model.params``.
 
 ``forward`` runs the stacked layers with ``lax.scan``. Without a cache it is the training / full-sequence
 forward (attention among the given tokens, masked by their ``TokenMeta``). With a cache the tokens attend to
@@ -24,6 +24,7 @@ from jf_jax.model.cached_attention import cached_attention
 from jf_jax.model.quantize import Int8Weight, int8_matmul
 from jf_jax.model.token_meta import causal_meta
 from jf_jax.model.params import Params
+from jf_jax.model.rope import rope, rope_tables
 from pallas_kernels.mask import MASK_NOISE_CONDITIONED, TokenMeta
 
 
@@ -32,26 +33,6 @@ def rms_norm(x, weight, eps: float):
     x32 = x.astype(jnp.float32)
     x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
     return (weight.astype(jnp.float32) * x32).astype(x.dtype)
-
-
-def rope_tables(positions, head_dim: int, theta: float):
-    """cos, sin tables [B, T, 1, Dh/2] of the rotary embedding, computed once per forward.
-
-    Angles are computed in float32: in bfloat16, positions past a few hundred lose the precision to
-    distinguish neighbouring tokens.
-    """
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))  # [Dh/2]
-    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, Dh/2]
-    return jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :]
-
-
-def rope(x, tables):
-    """Rotary embedding, "rotate half" layout (HF Qwen2/Llama). x: [B, T, H, Dh], in float32."""
-    cos, sin = tables
-    half = x.shape[-1] // 2
-    x32 = x.astype(jnp.float32)
-    x1, x2 = x32[..., :half], x32[..., half:]
-    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
 def _attend(cfg: ModelConfig, q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, mask_kind: str):
@@ -166,6 +147,9 @@ def _layer(cfg: ModelConfig, x, layer: Params, rope_tabs, q_meta, cache_kv, mask
             q = q + layer["bq"].astype(jnp.float32)
             k = k + layer["bk"].astype(jnp.float32)
             v = v + layer["bv"].astype(jnp.float32)
+        if cfg.qk_norm:  # Qwen3: per-head RMSNorm of queries and keys, before RoPE
+            q = rms_norm(q, layer["q_norm"], cfg.rms_norm_eps)
+            k = rms_norm(k, layer["k_norm"], cfg.rms_norm_eps)
         q = rope(q, rope_tabs).astype(dt)
         k = rope(k, rope_tabs).astype(dt)
         v = v.astype(dt)
@@ -213,7 +197,7 @@ def _stack(params: Params | DecodeView, cfg: ModelConfig, tokens, positions, q_m
     embed, final_norm, _ = _outer(params)
     row_tile = _decode_row_tile(params, cfg)
     x = embed.astype(cfg.compute_dtype)[tokens]  # [B, T, D]
-    rope_tabs = rope_tables(positions, cfg.head_dim, cfg.rope_theta)
+    rope_tabs = rope_tables(positions, cfg)
 
     def body(x, per_layer):
         layer, cache_kv = per_layer

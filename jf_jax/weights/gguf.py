@@ -24,7 +24,7 @@ from jf_jax.model.config import ConfigError, ModelConfig, from_hf_config
 from jf_jax.weights.hf_names import WeightsError, params_from_hf
 from jf_jax.weights.tokenizer import Tokenizer
 
-GGUF_ARCHITECTURES = ("llama", "qwen2")
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 
 _LAYER_RENAMES = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -35,6 +35,8 @@ _LAYER_RENAMES = {
     "attn_q.bias": "self_attn.q_proj.bias",
     "attn_k.bias": "self_attn.k_proj.bias",
     "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
     "attn_output.weight": "self_attn.o_proj.weight",
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
@@ -143,6 +145,11 @@ def hf_config_from_metadata(meta: Mapping[str, Any], tensor_names, source: str) 
     }
     if scaling not in (None, "none"):
         hf["rope_scaling"] = {"rope_type": scaling, "factor": get("rope.scaling.factor")}
+        if get("rope.scaling.original_context_length") is not None:
+            hf["rope_scaling"]["original_max_position_embeddings"] = int(get("rope.scaling.original_context_length"))
+    if "rope_freqs.weight" in set(tensor_names):
+        raise ConfigError(f"{source}: per-frequency RoPE factors (rope_freqs.weight, llama.cpp's form of Llama 3.1 "
+                          "rope scaling) are not supported in GGUF files; load the Hugging Face directory instead")
     if arch == "llama":
         hf["attention_bias"] = "blk.0.attn_q.bias" in set(tensor_names)
     return hf

@@ -15,6 +15,7 @@ safetensors writer takes) has no bfloat16. ``jf_jax.weights.load(OUT)`` reads th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -27,7 +28,7 @@ from jf_jax.model.params import Params, check_params
 from jf_jax.weights.hf_names import WeightsError, params_to_hf
 from jf_jax.weights.tokenizer import Tokenizer
 
-_HF_CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+_HF_CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
 
@@ -50,7 +51,10 @@ def hf_config(cfg: ModelConfig, tokenizer: Tokenizer | None = None) -> dict:
         "tie_word_embeddings": cfg.tie_word_embeddings,
         "torch_dtype": "float32",
     }
-    if cfg.architecture == "llama":
+    if cfg.rope_scaling is not None:
+        scaling = {k: v for k, v in dataclasses.asdict(cfg.rope_scaling).items() if v is not None}
+        out["rope_scaling"] = scaling
+    if cfg.architecture in ("llama", "qwen3"):
         out.update(attention_bias=cfg.attention_bias, mlp_bias=False)
     elif not cfg.attention_bias:  # Qwen2 always has q/k/v biases (from_hf_config assumes so)
         raise WeightsError("a qwen2 model without attention biases has no Hugging Face Qwen2 equivalent")

@@ -52,6 +52,9 @@ def _rules(cfg: ModelConfig):
         (layer + r"mlp\.up_proj\.weight", "w_up", (F, D), t, t),
         (layer + r"mlp\.down_proj\.weight", "w_down", (D, F), t, t),
     ]
+    if cfg.qk_norm:
+        rules += [(layer + r"self_attn\.q_norm\.weight", "q_norm", (Dh,), ident, ident),
+                  (layer + r"self_attn\.k_norm\.weight", "k_norm", (Dh,), ident, ident)]
     if cfg.attention_bias:
         rules += [
             (layer + r"self_attn\.q_proj\.bias", "bq", (H * Dh,), lambda b: b.reshape(H, Dh), lambda b: b.reshape(-1)),

@@ -24,7 +24,8 @@ _GGUF_LAYER = {
     "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
     "self_attn.v_proj.weight": "attn_v.weight", "self_attn.q_proj.bias": "attn_q.bias",
     "self_attn.k_proj.bias": "attn_k.bias", "self_attn.v_proj.bias": "attn_v.bias",
-    "self_attn.o_proj.weight": "attn_output.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
+    "self_attn.o_proj.weight": "attn_output.weight", "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight",
 }
 _GGUF_TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
@@ -39,6 +40,8 @@ def tiny_model(arch="llama", tie=False, seed=0):
               tie_word_embeddings=tie, bos_token_id=1, eos_token_id=2)
     if arch == "llama":
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**kw))
+    elif arch == "qwen3":  # head_dim 24: not hidden / heads
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**kw, head_dim=24))
     else:
         model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**kw))
     with torch.no_grad():
@@ -71,6 +74,9 @@ def write_gguf(path, model, arch="llama", qtype=None, skip=(), reshape=None, arc
     writer.add_feed_forward_length(cfg.intermediate_size)
     writer.add_head_count(cfg.num_attention_heads)
     writer.add_head_count_kv(cfg.num_key_value_heads)
+    if getattr(cfg, "head_dim", None):
+        writer.add_key_length(cfg.head_dim)
+        writer.add_value_length(cfg.head_dim)
     writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_tokenizer_model("gpt2")

@@ -14,17 +14,19 @@ from jf_jax.weights.hf_names import params_from_hf  # noqa: E402
 ARCHS = {
     "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
     "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
 }
 
 
 def make_hf_model(arch: str, *, tie: bool, seed: int = 0, vocab: int = 128, hidden: int = 64, layers: int = 2,
-                  heads: int = 4, kv_heads: int = 2, intermediate: int = 96, context: int = 512):
-    """A random HF model whose weights are scaled so greedy outputs vary (HF's 0.02 init collapses them)."""
+                  heads: int = 4, kv_heads: int = 2, intermediate: int = 96, context: int = 512, **extra):
+    """A random HF model whose weights are scaled so greedy outputs vary (HF's 0.02 init collapses them).
+    ``extra`` goes to the config (e.g. ``head_dim``, ``rope_scaling``)."""
     config_cls, model_cls = ARCHS[arch]
     hf_config = config_cls(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
                            num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
                            max_position_embeddings=context, rope_theta=1000.0 + 17 * seed, rms_norm_eps=1e-6,
-                           tie_word_embeddings=tie)
+                           tie_word_embeddings=tie, **extra)
     torch.manual_seed(seed)
     model = model_cls(hf_config).eval()
     with torch.no_grad():
