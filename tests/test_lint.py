@@ -16,7 +16,7 @@ RANKS = {
     "jf_jax.weights": 2, "jf_jax.data": 2,
     "jf_jax.decoding": 3, "jf_jax.training": 3,
     "jf_jax.tuning": 4,
-    "jf_jax.api": 5, "jf_jax": 5,  # the package's __init__ re-exports the api
+    "jf_jax.api": 5, "jf_jax.flax": 5, "jf_jax": 5,  # the package's __init__ re-exports the api
     "jf_jax.cli": 6, "jf_jax.decode": 7,
 }
 PACKAGES = ("jf_jax", "pallas_kernels", "cpu_kernels")

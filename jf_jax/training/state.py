@@ -46,9 +46,24 @@ def lr_schedule(ocfg: OptimConfig, total_steps: int) -> optax.Schedule:
         decay_steps=max(total_steps, warmup + 1), end_value=ocfg.learning_rate * ocfg.end_lr_ratio)
 
 
-def decay_mask(cfg: ModelConfig) -> dict:
-    return jax.tree.map(lambda axes: sum(a != "layers" for a in axes) >= 2, logical_axes(cfg),
-                        is_leaf=lambda a: isinstance(a, tuple) and all(isinstance(s, str) for s in a))
+def decay_mask(cfg: ModelConfig):
+    """optax's weight-decay mask as a function of the parameter tree: True for weights with at least two
+    non-layer axes (matrices, embeddings), False for norms. A leaf is matched by the trailing dict keys of its path
+    to the declared parameter, so the function serves the plain tree and a tree that wraps it (an NNX ``State``
+    of ``jf_jax.flax.Transformer``, whose leaves sit under ``params`` and inside ``nnx.Param``)."""
+    rule = {}
+    for path, axes in jax.tree_util.tree_leaves_with_path(
+            logical_axes(cfg), is_leaf=lambda a: isinstance(a, tuple) and all(isinstance(s, str) for s in a)):
+        rule[tuple(k.key for k in path)] = sum(a != "layers" for a in axes) >= 2
+
+    def decays(path, _):
+        names = tuple(k.key for k in path if isinstance(k, jax.tree_util.DictKey))
+        for start in range(len(names)):
+            if names[start:] in rule:
+                return rule[names[start:]]
+        raise ValueError(f"no declared parameter matches {jax.tree_util.keystr(path)}")
+
+    return lambda tree: jax.tree_util.tree_map_with_path(decays, tree)
 
 
 def make_optimizer(cfg: ModelConfig, ocfg: OptimConfig, total_steps: int) -> optax.GradientTransformation:
