@@ -72,3 +72,28 @@ def test_missing_keys_and_unknown_keys():
         ModelConfig.from_dict({**cfg.to_dict(), "bogus": 1})
     with pytest.raises(ConfigError, match="attention_impl"):
         cfg.replace(attention_impl="magic")
+
+
+def test_auto_attention_is_the_reference_off_gpu_and_the_gpu_extra_stays_optional():
+    import pathlib
+    import tomllib
+
+    import jax
+    import numpy as np
+
+    from jf_jax.model.config import ModelConfig
+    from jf_jax.model.transformer import forward_logits
+    from tests.support.train_models import TINY, numpy_params
+
+    assert ModelConfig.__dataclass_fields__["attention_impl"].default == "auto"
+    params = numpy_params(TINY, seed=3)
+    tokens = np.arange(7)[None] % TINY.vocab_size
+    auto, _ = forward_logits(params, TINY.replace(attention_impl="auto"), tokens)
+    ref, _ = forward_logits(params, TINY.replace(attention_impl="reference"), tokens)
+    assert jax.default_backend() != "gpu" and np.array_equal(np.asarray(auto), np.asarray(ref))
+    root = pathlib.Path(__file__).resolve().parent.parent
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    gpu = project["optional-dependencies"]["gpu"]
+    assert any(d.startswith("jax[cuda12]") for d in gpu) and any(d.startswith("jax-triton") for d in gpu)
+    cpu = (root / "requirements.txt").read_text() + " ".join(project["dependencies"])
+    assert "cuda" not in cpu and "triton" not in cpu

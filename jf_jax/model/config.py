@@ -14,7 +14,7 @@ import jax.numpy as jnp
 SUPPORTED_ARCHITECTURES = ("qwen2", "llama", "qwen3")
 ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
 SUPPORTED_DTYPES = ("float32", "bfloat16")
-ATTENTION_IMPLS = ("reference", "pallas")
+ATTENTION_IMPLS = ("auto", "reference", "pallas")
 
 
 class ConfigError(ValueError):
@@ -75,8 +75,10 @@ class ModelConfig:
     dtype: str = "float32"
     """Compute dtype of matmuls and activations; norms, RoPE, softmax and logits stay float32."""
     param_dtype: str = "float32"
-    attention_impl: str = "reference"
-    """"reference" (plain JAX) or "pallas" (the flash kernel in pallas_kernels)."""
+    attention_impl: str = "auto"
+    """Attention among the tokens of a forward without a cache (training, full sequences): "reference" (plain
+    JAX), "pallas" (the flash kernel in pallas_kernels; its Triton path on a GPU, interpret mode elsewhere) or
+    "auto" (the kernel when JAX's default backend is a GPU, the reference otherwise)."""
     qk_norm: bool = False
     """Qwen3: RMSNorm over each query and key head (weights ``q_norm`` / ``k_norm`` [Dh]) before RoPE."""
     rope_scaling: RopeScaling | None = None
@@ -247,3 +249,12 @@ def from_hf_config(hf: Mapping[str, Any], **overrides) -> ModelConfig:
     )
     fields.update(overrides)
     return ModelConfig(**fields)
+
+
+# Real configs used by tests and the roofline model (values from the published config.json files).
+QWEN2P5_7B_HF_CONFIG = {
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 152064, "hidden_size": 3584,
+    "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+    "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "tie_word_embeddings": False,
+    "hidden_act": "silu",
+}

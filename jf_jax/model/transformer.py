@@ -36,7 +36,10 @@ def rms_norm(x, weight, eps: float):
 
 
 def _attend(cfg: ModelConfig, q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, mask_kind: str):
-    if cfg.attention_impl == "pallas":
+    impl = cfg.attention_impl
+    if impl == "auto":  # decided at trace time: the kernel's Triton path on a GPU, plain JAX elsewhere
+        impl = "pallas" if jax.default_backend() == "gpu" else "reference"
+    if impl == "pallas":
         from pallas_kernels import flash_attention  # imported lazily: only this backend needs it
 
         return flash_attention.attention(q, k, v, q_meta, k_meta, mask_kind=mask_kind)
