@@ -82,6 +82,9 @@ def main(argv=None) -> int:
                    help="decode dtype of the recording model: bfloat16 records the bf16 model's own trajectories "
                         "(its greedy fixed points) ~2.3x faster on an AVX512-BF16 CPU (experiments/results/"
                         "bench_engine.md); float32, the reference, by default")
+    p.add_argument("--tfds", action="store_true",
+                   help="also write the finished collection as a tensorflow-datasets array_record dataset in OUT/tfds "
+                        "(jf_jax.training.tfds_data: random access, no TensorFlow)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
 
@@ -102,8 +105,13 @@ def main(argv=None) -> int:
                                          model_spec=args.model, dtype=args.dtype),
                            progress=not args.no_progress)
     shards = manifest["shards"]
+    tfds_dir = None
+    if args.tfds:
+        from jf_jax.training.tfds_data import build_trajectories
+
+        tfds_dir = build_trajectories(args.out)
     print(json.dumps(dict(out=args.out, prompts=len(rows), records=sum(s["num_records"] for s in shards),
-                          filtered=sum(s["num_filtered"] for s in shards),
+                          filtered=sum(s["num_filtered"] for s in shards), tfds=tfds_dir,
                           seconds=round(time.perf_counter() - start, 1))))
     return 0
 
