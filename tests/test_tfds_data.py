@@ -59,7 +59,8 @@ def test_an_unfinished_collection_is_not_converted(tmp_path):
 
 
 def test_prompt_sets_round_trip(tmp_path):
-    rows = [dict(id="a", domain="code", prompt="def f():\n    ☃"), dict(id="b", domain="math", prompt="2+2?", answer="4")]
+    rows = [dict(id="a", domain="code", prompt="def f():\n    ☃"),
+            dict(id="b", domain="math", prompt="2+2?", answer="4")]
     path = tmp_path / "p.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     data_dir = str(tmp_path / "tfds")
