@@ -5,6 +5,12 @@
 Overrides use dotted keys, e.g. ``optim.learning_rate=3e-4 train.steps=200 data.schedule=random``. Running the
 same command again on the same run dir resumes from its last checkpoint. The run dir layout (config snapshot,
 metrics.jsonl, loss_curve.png, checkpoints/, params/ + model_config.json) is documented in jf_jax/weights/run_dir.py.
+
+Several hosts (a TPU slice, a GPU cluster): run the same command on every host with ``--distributed``
+(``jax.distributed.initialize()`` finds the coordinator on TPU VMs and under SLURM / Open MPI), or name it with
+``--coordinator HOST:PORT --num-processes N --process-id I``. The config's mesh then spans every process's devices
+(``mesh: {data: D, fsdp: -1}``); process 0 writes the run's files, orbax checkpoints are written by all together,
+and the run directory must be on storage every host sees.
 """
 
 from __future__ import annotations
@@ -23,7 +29,21 @@ def main(argv=None) -> int:
     parser.add_argument("--run-dir", required=True, help="output directory (resumed if it exists)")
     parser.add_argument("--stop-at-step", type=int, default=None, help="stop early at this step (resumable)")
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--distributed", action="store_true",
+                        help="join a multi-process run (jax.distributed.initialize; see above)")
+    parser.add_argument("--coordinator", help="HOST:PORT of process 0 (implies --distributed)")
+    parser.add_argument("--num-processes", type=int)
+    parser.add_argument("--process-id", type=int)
+    parser.add_argument("--cpu-collectives", choices=("gloo", "mpi"),
+                        help="CPU-only multi-process runs: the collectives implementation (e.g. gloo)")
     args = parser.parse_intermixed_args(argv)
+    if args.distributed or args.coordinator:
+        import jax
+
+        if args.cpu_collectives:
+            jax.config.update("jax_cpu_collectives_implementation", args.cpu_collectives)
+        jax.distributed.initialize(coordinator_address=args.coordinator, num_processes=args.num_processes,
+                                   process_id=args.process_id)
     tcfg = load_config(args.config, args.overrides)
     try:
         result = run_training(tcfg, args.run_dir, progress=not args.no_progress, stop_at_step=args.stop_at_step)

@@ -99,15 +99,32 @@ def initial_params(tcfg: TrainConfig, cfg: ModelConfig) -> dict:
     return rd.load_run(tcfg.model.path)[1]
 
 
+def _primary() -> bool:
+    """Whether this process writes the run's files (process 0 of a ``jax.distributed`` run; the only one
+    otherwise). Orbax checkpoints are written by every process together."""
+    return jax.process_index() == 0
+
+
+def _barrier(name: str) -> None:
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
 def build_stream(tcfg: TrainConfig, run_dir: str, vocab_size: int, progress: bool = True) -> BatchStream:
+    """Every process builds the same global batches (deterministic from the data and the seed); ``put_batch``
+    then places each row on the devices of its data-parallel shard."""
     d = tcfg.data
     paths = (d.path,) if isinstance(d.path, str) else tuple(d.path or ())
     if d.source == "synthetic":
         s = d.synthetic
         paths = (os.path.join(run_dir, rd.TRAJECTORY_DIR),)
         prompts = make_prompts(s.num_prompts, s.prompt_len, s.vocab_size, seed=d.seed)
-        collect(prompts, SyntheticRecorder(d.block_size, s.num_blocks, s.vocab_size), paths[0],
-                block_size=d.block_size, progress=progress, metadata={"source": "synthetic"})
+        if _primary():
+            collect(prompts, SyntheticRecorder(d.block_size, s.num_blocks, s.vocab_size), paths[0],
+                    block_size=d.block_size, progress=progress, metadata={"source": "synthetic"})
+        _barrier("jf_jax synthetic trajectories")
     responses = []
     for path in paths:
         block_size = read_manifest(path)["block_size"]
@@ -135,6 +152,8 @@ def _snapshot_config(tcfg: TrainConfig, run_dir: str) -> None:
         if previous != current:
             raise ConfigKeyError(f"{run_dir} holds a run with a different config ({path}); resuming it with another "
                                  "config would not reproduce it. Use a new run directory.")
+        return
+    if not _primary():
         return
     with open(path, "w") as f:
         yaml.safe_dump(current, f, sort_keys=False)
@@ -187,6 +206,15 @@ def write_reports(run_dir: str) -> None:
     tensorboard.export_run(run_dir)
 
 
+def _host_params(params):
+    """Full host copies of (possibly multi-process sharded) parameters, on every process."""
+    if jax.process_count() == 1:
+        return jax.device_get(params)
+    from jax.experimental import multihost_utils
+
+    return multihost_utils.process_allgather(params, tiled=True)
+
+
 def _to_tree(state: TrainState) -> dict:
     return {"step": state.step, "params": state.params, "opt_state": state.opt_state}
 
@@ -200,10 +228,13 @@ def run_training(tcfg: TrainConfig, run_dir: str, *, progress: bool = True, stop
     """
     os.makedirs(run_dir, exist_ok=True)
     _snapshot_config(tcfg, run_dir)
+    _barrier("jf_jax config checked")  # a changed config is refused by every process before any is written over
     cfg = model_config(tcfg)
-    rd.save_model_config(run_dir, cfg)
-    rd.save_base_model(run_dir, base_model_spec(tcfg))
-    stream = build_stream(tcfg, run_dir, cfg.vocab_size, progress)
+    primary = _primary()
+    if primary:
+        rd.save_model_config(run_dir, cfg)
+        rd.save_base_model(run_dir, base_model_spec(tcfg))
+    stream = build_stream(tcfg, run_dir, cfg.vocab_size, progress and primary)
 
     total = tcfg.train.steps
     mesh = make_mesh(tcfg.mesh.data, tcfg.mesh.fsdp, devices)
@@ -227,17 +258,19 @@ def run_training(tcfg: TrainConfig, run_dir: str, *, progress: bool = True, stop
             tree = mngr.restore(latest, args=ocp.args.StandardRestore(target))
             state = TrainState(step=tree["step"], params=tree["params"], opt_state=tree["opt_state"])
         start = int(state.step)
-        _truncate_metrics(metrics_path, start)
+        if primary:
+            _truncate_metrics(metrics_path, start)
         end = total if stop_at_step is None else min(total, stop_at_step)
-        bar = tqdm(total=total, initial=start, desc=tcfg.run_name, unit="step", disable=not progress)
-        with open(metrics_path, "a") as metrics_file:
+        bar = tqdm(total=total, initial=start, desc=tcfg.run_name, unit="step", disable=not (progress and primary))
+        with open(metrics_path if primary else os.devnull, "a") as metrics_file:
             for step in range(start, end):
                 state, metrics = step_fn(state, put_batch(stream.batch(step), mesh, rules))
                 m = {k: float(v) for k, v in jax.device_get(metrics).items()}
                 done = step + 1
                 if not all(math.isfinite(m[k]) for k in ("loss/total", "loss/ar", "loss/consistency")):
                     metrics_file.close()
-                    write_reports(run_dir)
+                    if primary:
+                        write_reports(run_dir)
                     raise NonFiniteLossError(
                         f"non-finite loss at step {done} (loss/total={m['loss/total']}, loss/ar={m['loss/ar']}, "
                         f"loss/consistency={m['loss/consistency']}, grad_norm={m['learning/grad_norm']}); "
@@ -247,7 +280,7 @@ def run_training(tcfg: TrainConfig, run_dir: str, *, progress: bool = True, stop
                     metrics_file.write(json.dumps({"step": done, **m}) + "\n")
                     metrics_file.flush()
                 mngr.save(done, args=ocp.args.StandardSave(_to_tree(state)), force=done == total)
-                if done % tcfg.train.ckpt_every == 0:
+                if done % tcfg.train.ckpt_every == 0 and primary:
                     tensorboard.export_run(run_dir)  # live view
                 results[done] = m
                 bar.update(1)
@@ -258,6 +291,7 @@ def run_training(tcfg: TrainConfig, run_dir: str, *, progress: bool = True, stop
         mngr.wait_until_finished()
         final_step = int(state.step)
         if final_step == total:
-            rd.export_params(run_dir, cfg, jax.device_get(state.params))
-    write_reports(run_dir)
+            rd.export_params(run_dir, cfg, _host_params(state.params))
+    if primary:
+        write_reports(run_dir)
     return TrainResult(run_dir=run_dir, step=final_step, metrics=results, num_sequences=len(stream.sequences))
