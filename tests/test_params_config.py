@@ -97,3 +97,16 @@ def test_auto_attention_is_the_reference_off_gpu_and_the_gpu_extra_stays_optiona
     assert any(d.startswith("jax[cuda12]") for d in gpu) and any(d.startswith("jax-triton") for d in gpu)
     cpu = (root / "requirements.txt").read_text() + " ".join(project["dependencies"])
     assert "cuda" not in cpu and "triton" not in cpu
+
+
+def test_sharding_rules_map_logical_axes_through_flax():
+    import jax
+
+    from jf_jax.model.sharding import ShardingRules, make_mesh
+    from jax.sharding import PartitionSpec as P
+
+    mesh = make_mesh(1, 1, jax.devices()[:1])
+    rules = ShardingRules(rules=(("embed", "fsdp"), ("mlp", "fsdp"), ("vocab", "data")))
+    assert rules.spec(("layers", "embed", "mlp"), (2, 8, 16), mesh) == P(None, "fsdp", None)  # first claim wins
+    assert rules.spec(("vocab", "embed"), (10, 8), mesh) == P("data", "fsdp")
+    assert ShardingRules().spec(("layers", "q_heads"), (2, 4), mesh) == P(None, None)  # unlisted: replicated

@@ -2,8 +2,9 @@
 
 The mesh has two axes: ``data`` (pure data parallelism: parameters replicated) and ``fsdp`` (data parallel
 *and* parameters/optimizer state sharded). Parameters name their dimensions with logical axes
-(``jf_jax.model.params.logical_axes``); ``ShardingRules`` maps logical axes to mesh axes. Batches are split over
-both mesh axes along their leading (batch) dimension.
+(``jf_jax.model.params.logical_axes``); ``ShardingRules`` maps logical axes to mesh axes with Flax's logical
+partitioning (``flax.linen.logical_to_mesh_axes``, as maxtext does). Batches are split over both mesh axes along
+their leading (batch) dimension.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import math
 
 import jax
 import numpy as np
+from flax import linen as nn
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jf_jax.model.config import ModelConfig
@@ -37,26 +39,16 @@ def make_mesh(data: int = 1, fsdp: int = -1, devices=None) -> Mesh:
 
 @dataclasses.dataclass(frozen=True)
 class ShardingRules:
-    """Logical axis -> mesh axis (or None). Unlisted logical axes are replicated."""
+    """Logical axis -> mesh axis (or None), in Flax's rule format. Unlisted logical axes are replicated."""
 
     rules: tuple[tuple[str, str | None], ...] = (("embed", "fsdp"),)
     batch: tuple[str, ...] = MESH_AXES
 
     def spec(self, axes: tuple[str, ...], shape: tuple[int, ...], mesh: Mesh) -> P:
-        """The PartitionSpec of one array. A dimension that the mesh axis size does not divide is replicated;
-        a mesh axis claimed by two dimensions is an error."""
-        table = dict(self.rules)
-        out, used = [], set()
-        for name, dim in zip(axes, shape):
-            mesh_axis = table.get(name)
-            if mesh_axis is not None and dim % mesh.shape[mesh_axis]:
-                mesh_axis = None
-            if mesh_axis is not None:
-                if mesh_axis in used:
-                    raise ValueError(f"mesh axis {mesh_axis!r} is used twice in logical axes {axes}")
-                used.add(mesh_axis)
-            out.append(mesh_axis)
-        return P(*out)
+        """The PartitionSpec of one array: Flax's mapping (a mesh axis goes to the first dimension that claims it),
+        then any dimension that its mesh axis size does not divide is replicated instead."""
+        mapped = nn.logical_to_mesh_axes(axes, self.rules)
+        return P(*(m if m is None or dim % mesh.shape[m] == 0 else None for m, dim in zip(mapped, shape)))
 
     def batch_spec(self, ndim: int) -> P:
         return P(self.batch, *([None] * (ndim - 1)))
