@@ -9,7 +9,9 @@ from tests.support.hf_models import hf_logits, jax_twin, make_hf_model, torch
 from jf_jax.weights.hf_names import params_from_hf, params_to_hf
 from jf_jax.model.kv_cache import KVCache
 from jf_jax.model.transformer import forward_logits as _forward_logits
-from jf_jax.model.transformer import rms_norm, rope, rope_tables
+from jf_jax.model.config import from_hf_config
+from jf_jax.model.rope import rope, rope_tables
+from jf_jax.model.transformer import rms_norm
 from jf_jax.model.decode_view import decode_view, stacked_params
 from jf_jax.model.params import cast_params
 
@@ -139,5 +141,6 @@ def test_rms_norm_and_rope_match_transformers():
     cos, sin = np.cos(emb), np.sin(emb)
     ref_q = ml.apply_rotary_pos_emb(torch.from_numpy(q), torch.from_numpy(q), torch.from_numpy(cos),
                                     torch.from_numpy(sin), unsqueeze_dim=2)[0].numpy()
-    ours = rope(jnp.asarray(q), rope_tables(jnp.asarray(positions), 16, 1000.0))
+    cfg = from_hf_config(make_hf_model("llama", tie=False).config.to_dict()).replace(head_dim=16, rope_theta=1000.0)
+    ours = rope(jnp.asarray(q), rope_tables(jnp.asarray(positions), cfg))
     np.testing.assert_allclose(np.asarray(ours), ref_q, atol=2e-5)
