@@ -30,7 +30,7 @@ def _ar(params, prompts, max_new, eos, sampling, seed, **kw):
                        sampling=sampling, seed=seed, **kw).token_ids
 
 
-@settings(max_examples=10, deadline=None, derandomize=True)
+@settings(max_examples=6, deadline=None, derandomize=True)
 @given(method=st.sampled_from(sorted(METHODS)), sampler=st.sampled_from(range(len(SAMPLERS))),
        model_seed=st.integers(0, 10_000), scale=st.sampled_from([1.0, 4.0]),
        prompts=st.lists(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=MAX_PROMPT), min_size=1,
