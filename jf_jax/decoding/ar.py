@@ -54,14 +54,12 @@ class ARState:
 
 @functools.partial(jax.jit, static_argnames=("cfg", "out_capacity", "sampling"), donate_argnames=("cache",))
 def ar_loop(params: Params, cfg: ModelConfig, cache: KVCache, first_logits, max_new_tokens, eos_ids,
-            out_capacity: int, sample_keys=None, sampling: Sampling = GREEDY) -> ARState:
+            out_capacity: int, sample_keys, sampling: Sampling = GREEDY) -> ARState:
     """One-token steps until every row hit EOS or ``max_new_tokens`` (a traced scalar). Each token is chosen by
     ``sampling.choose`` at its absolute position (``cache.lengths`` + 1 for the token after the step's input)
     with the row's sampling key ``sample_keys`` [B, 2] (unused when greedy)."""
     B = first_logits.shape[0]
     rows = jnp.arange(B)
-    if sample_keys is None:
-        sample_keys = jnp.zeros((B, 2), jnp.uint32)
     first = choose(sampling, first_logits, cache.lengths, sample_keys)  # the prefilled cache holds the prompt
     out = jnp.full((B, out_capacity), -1, jnp.int32).at[:, 0].set(first)
     count = jnp.ones((B,), jnp.int32)
