@@ -13,7 +13,7 @@ from jf_jax.decoding.ar import generate_ar
 from jf_jax.decoding.common import GenerationError
 from jf_jax.decoding.jacobi import generate_jacobi
 from jf_jax.decoding.multiblock import generate_mr
-from jf_jax.decoding.sampling import GREEDY, Sampling, choose, filter_logits, sampling_key
+from jf_jax.decoding.sampling import GREEDY, NUCLEUS_CANDIDATES, Sampling, choose, filter_logits, sampling_key
 from jf_jax.model.transformer import forward_logits
 from tests.support.decoding_models import CFG, MAX_NEW, MAX_PROMPT, VOCAB, random_params
 
@@ -93,6 +93,27 @@ def test_filters_match_a_numpy_reference_with_ties(values, top_k, top_p, scale):
     borderline = top_p < 1 and np.any(np.abs(_mass_above(after_top_k) - top_p) < 1e-5)
     assert np.array_equal(np.isfinite(ours), np.isfinite(ref)) or borderline
     assert np.array_equal(ours[np.isfinite(ours)], scaled[np.isfinite(ours)])  # kept logits are untouched
+
+
+def test_nucleus_search_agrees_with_the_full_vocabulary_fallback_and_ignores_batch_mates():
+    """Rows whose nucleus fits among the ``NUCLEUS_CANDIDATES`` most likely tokens take the cheap path, a flat row
+    forces the bisection fallback on its whole batch: each row's filter is the same either way, and matches the
+    numpy reference."""
+    V = 3 * NUCLEUS_CANDIDATES
+    rng = np.random.default_rng(0)
+    spreads = [8.0, 3.0, 0.05, 1.0]  # peaked rows (small nucleus) ... a nearly flat row (nucleus > candidates)
+    rows = np.stack([rng.normal(size=V) * s for s in spreads]).astype(np.float32)
+    rows[1, :40] = rows[1, 0]  # a tie group near the top
+    for top_p in (0.5, 0.9, 0.99):
+        together = np.asarray(filter_logits(jnp.asarray(rows), 0, top_p))
+        kept = np.isfinite(together).sum(-1)
+        assert kept[2] > NUCLEUS_CANDIDATES and kept[0] < NUCLEUS_CANDIDATES  # both paths are exercised
+        for r in range(len(rows)):
+            alone = np.asarray(filter_logits(jnp.asarray(rows[r:r + 1]), 0, top_p))[0]
+            assert np.array_equal(alone, together[r])
+            ref = _reference_filter(rows[r], 0, top_p)
+            assert np.array_equal(np.isfinite(ref), np.isfinite(alone)) or np.any(
+                np.abs(_mass_above(rows[r]) - top_p) < 1e-5)
 
 
 @pytest.mark.parametrize("sampling", [Sampling(temperature=1.0), Sampling(temperature=0.6, top_k=10),
