@@ -29,6 +29,7 @@ import statistics
 import sys
 import time
 
+from jf_jax.cli.tune import positive_ints
 from jf_jax.data.build import read_jsonl
 
 
@@ -183,16 +184,6 @@ def markdown(results: list[dict], args: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a comma list of integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive block sizes, got {text!r}")
-    return values
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", action="append", required=True, help="weights spec or RUN_DIR (repeatable)")
@@ -201,7 +192,7 @@ def main(argv=None) -> int:
     p.add_argument("--math", help="held-out GSM JSONL (with 'answer') for accuracy")
     p.add_argument("--math-limit", type=int, default=20)
     p.add_argument("--methods", default="ar,jacobi,mr")
-    p.add_argument("--block-size", type=_ints, default=(16,), help="jacobi/mr block size(s), e.g. 8,16")
+    p.add_argument("--block-size", type=positive_ints, default=(16,), help="jacobi/mr block size(s), e.g. 8,16")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "int8"),
                    help="decode dtype of the speed runs (AR in the same dtype)")
     p.add_argument("--quality-dtype", default="float32", choices=("float32", "bfloat16", "int8"),

@@ -9,9 +9,33 @@ the fixtures here are the ones several test modules share.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+
 import pytest
 
-from jf_jax.weights import store
+# One persistent XLA compilation cache per test session (unless the caller names one): programs compiled again,
+# after a module's caches are dropped (below) or in the subprocesses that CLI, multi-process and notebook tests
+# start (they inherit the variable), load instead of compiling. A fresh directory each session, so every program
+# is still compiled at least once per run.
+_OWN_CACHE = None if "JAX_COMPILATION_CACHE_DIR" in os.environ else tempfile.mkdtemp(prefix="jf_jax_xla_cache_")
+if _OWN_CACHE:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_CACHE
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+
+import jax  # noqa: E402  (after the environment above; the update below covers a jax imported by a plugin)
+
+from jf_jax.weights import store  # noqa: E402
+
+jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                  float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _OWN_CACHE:
+        shutil.rmtree(_OWN_CACHE, ignore_errors=True)
 
 
 @pytest.fixture

@@ -16,12 +16,15 @@ from jf_jax.cli.tuning_run import tune_and_report
 from jf_jax.data.prompt_files import gather_prompts
 from jf_jax.tuning import measure, tuner
 
-def _ints(text: str) -> tuple[int, ...]:
-    """argparse type: a comma list of integers, e.g. "4,8,16"."""
+def positive_ints(text: str) -> tuple[int, ...]:
+    """argparse type: a comma list of positive integers, e.g. "4,8,16" (also used by experiments/evaluate.py)."""
     try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
+        values = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a comma list of integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,11 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", type=Path, help=".jsonl file with a 'prompt' field per line, or .txt, one per line")
     p.add_argument("--no-chat", action="store_true", help="do not apply the model's chat template")
     p.add_argument("--tune-out", type=Path, default=tuner.DEFAULT_DIR)
-    p.add_argument("--latency-sizes", type=_ints, default=measure.LATENCY_SIZES)
+    p.add_argument("--latency-sizes", type=positive_ints, default=measure.LATENCY_SIZES)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--context", type=int, default=128, help="committed KV slots of the latency measurement")
-    p.add_argument("--block-sizes", type=_ints, default=measure.BLOCK_SIZES)
-    p.add_argument("--pool-sizes", type=_ints, default=measure.POOL_SIZES)
+    p.add_argument("--block-sizes", type=positive_ints, default=measure.BLOCK_SIZES)
+    p.add_argument("--pool-sizes", type=positive_ints, default=measure.POOL_SIZES)
     p.add_argument("--num-blocks", type=int, default=measure.NUM_BLOCKS, help="K of the grid (1: Jacobi + recycling)")
     p.add_argument("--spawn-ratio", type=float, default=0.85)
     p.add_argument("--max-new-tokens", type=int, default=measure.TUNE_TOKENS)
