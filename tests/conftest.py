@@ -33,6 +33,18 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs",
                   float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
 
 
+SLOW_FILES_FIRST = ("test_notebooks.py", "test_real_smollm2_decoding.py", "test_cached_attention.py", "test_cli.py",
+                    "test_model_families.py", "test_sampling.py", "test_real_smollm2_logits.py",
+                    "test_multiprocess.py")
+"""The longest files (1-5 min each), first: xdist deals the first files out in turn (the notebooks' 3-minute
+training test, which cannot be split, starts at once) and the short files then fill whichever worker is free."""
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(SLOW_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
+
 def pytest_sessionfinish(session, exitstatus):
     if _OWN_CACHE:
         shutil.rmtree(_OWN_CACHE, ignore_errors=True)
