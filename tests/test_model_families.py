@@ -145,28 +145,18 @@ def test_the_train_step_learns_on_the_new_families(name):
     llama3 RoPE scaling: the loss falls, and every parameter (Qwen3's q/k norms included) gets a gradient."""
     from jf_jax.model.sharding import ShardingRules, make_mesh
     from jf_jax.training.losses import LossConfig
-    from jf_jax.training.packing import BatchStream, example_from_records, pack_example
     from jf_jax.training.state import OptimConfig, init_state, make_optimizer, state_shardings
     from jf_jax.training.step import make_train_step, put_batch
-    from jf_jax.training.synthetic import SyntheticRecorder, make_prompts
-    from jf_jax.training.trajectories import Record
+    from tests.support.train_models import synthetic_batch
 
     cfg, params = jax_twin(_model(name, seed=1))
-    recorder = SyntheticRecorder(block_size=4, num_blocks=3, vocab_size=cfg.vocab_size)
-    seqs = []
-    for eid, prompt in enumerate(make_prompts(4, 6, cfg.vocab_size, seed=0)):
-        context, recs = prompt, []
-        for j, states in enumerate(recorder(prompt)):
-            recs.append(Record(eid, j, context, states))
-            context = np.concatenate([context, states[-1]])
-        seqs.append(pack_example(example_from_records(recs, 4), eos_id=1, pad_id=0))
     mesh, rules, steps = make_mesh(devices=jax.devices()[:1]), ShardingRules(), 12
     ocfg = OptimConfig(learning_rate=3e-3)
     optimizer = make_optimizer(cfg, ocfg, steps)
     shardings = state_shardings(cfg, optimizer, params, mesh, rules)
     state = jax.device_put(init_state(params, optimizer), shardings)
     step = make_train_step(cfg, LossConfig(), ocfg, steps, mesh, rules, shardings)
-    batch = put_batch(BatchStream(seqs, batch_size=4, buckets=[48], pad_id=0).batch(0), mesh, rules)
+    batch = put_batch(synthetic_batch(cfg.vocab_size, 4, 48), mesh, rules)
     losses = []
     for _ in range(steps):
         state, metrics = step(state, batch)

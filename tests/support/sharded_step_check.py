@@ -12,25 +12,14 @@ import jax
 import numpy as np
 
 from jf_jax.training.losses import LossConfig
-from jf_jax.training.packing import BatchStream, example_from_records, pack_example
 from jf_jax.model.sharding import ShardingRules, make_mesh
-from jf_jax.training.synthetic import SyntheticRecorder, make_prompts
 from jf_jax.training.state import OptimConfig, init_state, make_optimizer, state_shardings
 from jf_jax.training.step import make_train_step, put_batch
-from jf_jax.training.trajectories import Record
-from tests.support.train_models import TINY, numpy_params
+from tests.support.train_models import TINY, numpy_params, synthetic_batch
 
 
 def batch():
-    recorder = SyntheticRecorder(block_size=4, num_blocks=3, vocab_size=TINY.vocab_size)
-    seqs = []
-    for eid, prompt in enumerate(make_prompts(8, 6, TINY.vocab_size, seed=0)):
-        context, recs = prompt, []
-        for j, states in enumerate(recorder(prompt)):
-            recs.append(Record(eid, j, context, states))
-            context = np.concatenate([context, states[-1]])
-        seqs.append(pack_example(example_from_records(recs, 4), eos_id=1, pad_id=0))
-    return BatchStream(seqs, batch_size=8, buckets=[32], pad_id=0).batch(0)
+    return synthetic_batch(TINY.vocab_size, 8, 32)
 
 
 def run(mesh, ocfg, host_batch):

@@ -25,3 +25,20 @@ def numpy_params(cfg: ModelConfig, seed: int = 0) -> dict:
         return (rng.standard_normal(spec.shape) / math.sqrt(spec.fan_in)).astype(np.float32)
 
     return jax.tree.map(one, param_specs(cfg), is_leaf=lambda x: isinstance(x, ParamSpec))
+
+
+def synthetic_batch(vocab_size: int, num_prompts: int, bucket: int) -> dict:
+    """One packed host batch of ``num_prompts`` synthetic Jacobi-trajectory examples (n = 4, 3 blocks each)."""
+    from jf_jax.training.packing import BatchStream, example_from_records, pack_example
+    from jf_jax.training.synthetic import SyntheticRecorder, make_prompts
+    from jf_jax.training.trajectories import Record
+
+    recorder = SyntheticRecorder(block_size=4, num_blocks=3, vocab_size=vocab_size)
+    seqs = []
+    for eid, prompt in enumerate(make_prompts(num_prompts, 6, vocab_size, seed=0)):
+        context, recs = prompt, []
+        for j, states in enumerate(recorder(prompt)):
+            recs.append(Record(eid, j, context, states))
+            context = np.concatenate([context, states[-1]])
+        seqs.append(pack_example(example_from_records(recs, 4), eos_id=1, pad_id=0))
+    return BatchStream(seqs, batch_size=num_prompts, buckets=[bucket], pad_id=0).batch(0)
