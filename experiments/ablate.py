@@ -10,7 +10,9 @@ every one measured the same way (held-out Jacobi TPF), in one process so the dec
 Each --variant is "NAME: key=value key=value ..." (overrides applied after --steps and the shared overrides);
 "base" is always measured first (the untrained model of the config's model.path). Every variant trains into
 runs/ablation/NAME (its checkpoints are deleted after the final parameters are exported, to save disk) and is
-then decoded greedily with Jacobi (block size = the config's data.block_size) on the held-out prompts. Results
+then decoded greedily with Jacobi (block size = the config's data.block_size) on the held-out prompts; with
+--humaneval-nll K, also scored by the teacher-forced NLL of the first K HumanEval reference solutions
+(experiments/evaluate.py's humaneval_answer_nll: the quality signal short runs can resolve). Results
 are appended to OUT.jsonl as each variant finishes, so a killed sweep resumes with the variants still missing;
 OUT.md holds the table and OUT.png the TPF bars.
 """
@@ -57,9 +59,11 @@ def mean_losses(run_dir: str, last: int) -> dict:
 
 def markdown(rows: list[dict], header: str) -> str:
     base = next((r for r in rows if r["name"] == "base"), None)
+    nll = any("humaneval_nll" in r for r in rows)
     lines = [header, "",
-             "| variant | overrides | TPF | vs base | loss/ar | loss/consistency | train s | same as base |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| variant | overrides | TPF | vs base | loss/ar | loss/consistency | train s | same as base |"
+             + (" HumanEval NLL |" if nll else ""),
+             "|---|---|---|---|---|---|---|---|" + ("---|" if nll else "")]
     for r in rows:
         agree = None if base is None else statistics.fmean(a == b for a, b in zip(base["token_ids"], r["token_ids"]))
         same = "" if agree is None else f"{agree:.2f}"
@@ -67,7 +71,8 @@ def markdown(rows: list[dict], header: str) -> str:
         lines.append(f"| {r['name']} | {' '.join(r['overrides']) or '-'} | {r['tpf']:.3f} | "
                      f"{r['tpf'] / base['tpf'] if base else float('nan'):.3f} | "
                      f"{loss.get('loss/ar', float('nan')):.3f} | {loss.get('loss/consistency', float('nan')):.3f} | "
-                     f"{r.get('train_seconds', 0):.0f} | {same} |")
+                     f"{r.get('train_seconds', 0):.0f} | {same} |"
+                     + (f" {r.get('humaneval_nll', float('nan')):.3f} |" if nll else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -97,6 +102,8 @@ def main(argv=None) -> int:
     p.add_argument("--prompts", action="append", required=True, help="held-out JSONL (repeatable)")
     p.add_argument("--limit", type=int, default=3, help="prompts per --prompts file")
     p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--humaneval-nll", type=int, default=0, metavar="K",
+                   help="also score the NLL of the first K HumanEval reference solutions (0: off; 164: all)")
     p.add_argument("--runs", default="runs/ablation", help="parent directory of the variants' run dirs")
     p.add_argument("--out", required=True, help="output path without extension (.jsonl, .md, .png)")
     args = p.parse_args(argv)
@@ -113,6 +120,18 @@ def main(argv=None) -> int:
     rows_in = [r for f in args.prompts for r in read_jsonl(f)[: args.limit]]
     base_model = load_model(tcfg.model.path)
     prompts = encode_prompts(base_model, [r["prompt"] for r in rows_in])
+    problems = []
+    if args.humaneval_nll > 0:
+        from jf_jax.data import humaneval as he
+
+        problems = he.load_problems(he.fetch())[: args.humaneval_nll]
+
+    def quality(model) -> dict:
+        if not problems:
+            return {}
+        from experiments.evaluate import humaneval_answer_nll
+
+        return dict(humaneval_nll=humaneval_answer_nll(model, problems)["nll_per_token"])
 
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     done = {}
@@ -125,10 +144,10 @@ def main(argv=None) -> int:
         with open(args.out + ".jsonl", "a") as f:
             f.write(json.dumps(row) + "\n")
         print(f"{row['name']}: TPF {row['tpf']:.3f}", {k: round(v, 3) for k, v in (row.get("losses") or {}).items()},
-              flush=True)
+              {k: round(row[k], 3) for k in ("humaneval_nll",) if k in row}, flush=True)
 
     if "base" not in done:
-        record(dict(name="base", overrides=[], steps=args.steps,
+        record(dict(name="base", overrides=[], steps=args.steps, **quality(base_model),
                     **measure_tpf(base_model, prompts, block_size=n, max_new_tokens=args.max_new_tokens)))
     del base_model
     for name, overrides in variants:
@@ -142,7 +161,7 @@ def main(argv=None) -> int:
         shutil.rmtree(os.path.join(run, "checkpoints"), ignore_errors=True)
         model = load_model(run)
         record(dict(name=name, overrides=overrides, steps=args.steps, train_seconds=seconds,
-                    losses=mean_losses(run, max(1, args.steps // 5)),
+                    losses=mean_losses(run, max(1, args.steps // 5)), **quality(model),
                     **measure_tpf(model, prompts, block_size=cfg.data.block_size,
                                   max_new_tokens=args.max_new_tokens)))
     order = ["base"] + [name for name, _ in variants]

@@ -113,6 +113,32 @@ def test_evaluate_model_and_markdown(tmp_path):
     assert "| tiny | held | mr n=4 |" in md and "GSM held-out" in md
 
 
+def test_humaneval_answer_nll_scores_the_solution_tokens_and_ignores_padding():
+    import jax
+
+    from experiments.evaluate import humaneval_answer_nll
+    from jf_jax.api import encode_prompts
+    from jf_jax.data.humaneval import humaneval_prompt
+    from jf_jax.model.transformer import forward_logits
+
+    model = FakeModel()
+    problems = [dict(task_id=f"T/{i}", prompt=f"\ndef f{i}(x):\n    'doc'\n",
+                     canonical_solution=f"    return x + {i}\n") for i in range(2)]
+    padded = humaneval_answer_nll(model, problems, bucket=64)
+    exact = humaneval_answer_nll(model, problems, bucket=1)
+    assert padded["nll_per_token"] == pytest.approx(exact["nll_per_token"], rel=1e-5)
+    # by hand for problem 0: the solution's tokens are those after the head's (this tokenizer never merges)
+    prompt = encode_prompts(model, [humaneval_prompt(problems[0])])[0]
+    head = model.tokenizer.encode("```python\n" + problems[0]["prompt"].lstrip("\n"))
+    solution = model.tokenizer.encode("    return x + 0\n```")
+    ids = np.array([prompt + head + solution], np.int32)
+    logp = np.asarray(jax.nn.log_softmax(forward_logits(model.params, model.cfg, ids)[0], axis=-1))[0]
+    first = len(prompt) + len(head)
+    want = -sum(logp[t - 1, ids[0, t]] for t in range(first, ids.shape[1]))
+    assert exact["items"][0]["tokens"] == len(solution)
+    assert exact["items"][0]["nll"] == pytest.approx(want, rel=1e-5)
+
+
 def _export_tiny_run(path, base=None):
     import jax
 
@@ -196,6 +222,8 @@ def test_ablation_variants_and_table():
                  losses={"loss/ar": 0.5, "loss/consistency": 0.25, "loss/total": 7.5}, token_ids=[[1, 2], [4]])]
     table = markdown(rows, "# header")
     assert "| cw10 | loss.consistency_weight=10 | 1.250 | 1.250 | 0.500 | 0.250 | 12 | 0.50 |" in table
+    rows[0]["humaneval_nll"], rows[1]["humaneval_nll"] = 0.75, 0.875
+    assert "| 12 | 0.50 | 0.875 |" in markdown(rows, "# header")
 
 
 def test_code_quality_checks():
