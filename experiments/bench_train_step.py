@@ -8,6 +8,12 @@ the same thing can be compared.
 
     python experiments/bench_train_step.py --variants float32,bfloat16,bfloat16-remat \
         --json experiments/results/train_step.json
+    python experiments/bench_train_step.py --variants float32,bfloat16-remat --batch 1,4,8 --steps 5
+
+With several ``--batch`` sizes every (variant, batch) pair is timed in the same process, and the table gives
+seconds per *example* (packed response) and examples/s against the first pair: a step's fixed costs (the
+optimizer over all 135M parameters, zero-filled gradient stacks of the layer scan, the embedding's cast) are
+paid once per step, so larger batches spread them.
 """
 
 from __future__ import annotations
@@ -98,7 +104,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variants", default="float32,bfloat16")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per variant (after one compiled step)")
-    parser.add_argument("--batch", type=int, default=1, help="packed rows per step")
+    parser.add_argument("--batch", default="1", help="packed rows per step; a comma list times each")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--blocks", type=int, default=7, help="blocks per response (T)")
     parser.add_argument("--prompt-len", type=int, default=96)
@@ -113,25 +119,39 @@ def main(argv=None) -> int:
 
     from jf_jax import weights
 
+    try:
+        batch_sizes = [int(b) for b in args.batch.split(",")]
+    except ValueError:
+        parser.error(f"--batch takes comma-separated whole numbers, got {args.batch!r}")
+    if any(b < 1 for b in batch_sizes):
+        parser.error(f"--batch sizes must be >= 1, got {args.batch!r}")
     loaded = weights.load("smollm2-135m", dtype="float32")
-    batches = packed_batches(loaded.cfg.vocab_size, count=args.steps + 1, batch=args.batch,
-                             prompt_len=args.prompt_len, block_size=args.block_size, blocks=args.blocks,
-                             row_len=args.row_len)
-    tokens = int(sum((b["segment"] >= 0).sum() for b in batches) / len(batches))
-    pairs = int(sum((b["cons_weight"] > 0).sum() for b in batches) / len(batches))
-    flops = step_flops(loaded.cfg, tokens, args.row_len)
     report = dict(command="python experiments/bench_train_step.py " + " ".join(argv if argv is not None
                                                                                else sys.argv[1:]),
-                  tokens_per_step=tokens, consistency_pairs_per_step=pairs, matmul_gflop_per_step=flops / 1e9,
                   variants={})
-    for name in args.variants.split(","):
-        r = time_variant(VARIANTS[name], loaded.cfg, loaded.params, batches, args.steps)
-        r["tokens_per_second"] = tokens / r["median_step_seconds"]
-        r["fraction_of_peak"] = flops / r["median_step_seconds"] / (args.peak_gflops * 1e9)
-        report["variants"][name] = r
-        print(f"{name}: {r['median_step_seconds']:.2f} s/step ({r['tokens_per_second']:.0f} packed tok/s, "
-              f"{100 * r['fraction_of_peak']:.0f}% of {args.peak_gflops:.0f} GFLOP/s); losses "
-              + " ".join(f"{x:.3f}" for x in r["losses"]), flush=True)
+    baseline = None
+    for batch_size in batch_sizes:
+        batches = packed_batches(loaded.cfg.vocab_size, count=args.steps + 1, batch=batch_size,
+                                 prompt_len=args.prompt_len, block_size=args.block_size, blocks=args.blocks,
+                                 row_len=args.row_len)
+        tokens = int(sum((b["segment"] >= 0).sum() for b in batches) / len(batches))
+        pairs = int(sum((b["cons_weight"] > 0).sum() for b in batches) / len(batches))
+        flops = step_flops(loaded.cfg, tokens, args.row_len)
+        report.update(tokens_per_example=tokens // batch_size, consistency_pairs_per_example=pairs // batch_size,
+                      matmul_gflop_per_example=flops / 1e9 / batch_size)
+        for name in args.variants.split(","):
+            r = time_variant(VARIANTS[name], loaded.cfg, loaded.params, batches, args.steps)
+            r.update(batch=batch_size, seconds_per_example=r["median_step_seconds"] / batch_size,
+                     tokens_per_second=tokens / r["median_step_seconds"],
+                     fraction_of_peak=flops / r["median_step_seconds"] / (args.peak_gflops * 1e9))
+            baseline = baseline or r["seconds_per_example"]
+            r["examples_per_second_vs_first"] = baseline / r["seconds_per_example"]
+            key = name if len(batch_sizes) == 1 else f"{name}-batch{batch_size}"
+            report["variants"][key] = r
+            print(f"{key}: {r['median_step_seconds']:.2f} s/step, {r['seconds_per_example']:.2f} s/example "
+                  f"({r['examples_per_second_vs_first']:.2f}x the first), {r['tokens_per_second']:.0f} packed tok/s, "
+                  f"{100 * r['fraction_of_peak']:.0f}% of {args.peak_gflops:.0f} GFLOP/s; losses "
+                  + " ".join(f"{x:.3f}" for x in r["losses"]), flush=True)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=1))

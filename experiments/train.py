@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from jf_jax import host_memory
 from jf_jax.training.config import load_config
 from jf_jax.training.loop import NonFiniteLossError, run_training
 
@@ -57,4 +58,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    host_memory.reexec_with_tuned_malloc()  # XLA's per-step buffers reused, not re-faulted
     sys.exit(main())
