@@ -73,6 +73,9 @@ def functional_params(model: Transformer) -> Params:
     return jax.tree.map(lambda p: p[...], model.params, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
-def jacobi_forcing_loss(model: Transformer, batch, lcfg: LossConfig) -> tuple[jax.Array, dict]:
-    """The Jacobi Forcing loss (consistency + AR, ``training.losses.loss_fn``) of a packed batch on the module."""
-    return loss_fn(functional_params(model), model.cfg, batch, lcfg)
+def jacobi_forcing_loss(model: Transformer, batch, lcfg: LossConfig,
+                        reference: Transformer | None = None) -> tuple[jax.Array, dict]:
+    """The Jacobi Forcing loss (consistency + AR, ``training.losses.loss_fn``) of a packed batch on the module;
+    ``reference`` is the frozen module ``lcfg.ar_teacher="reference"`` distils from."""
+    ref = None if reference is None else jax.lax.stop_gradient(functional_params(reference))
+    return loss_fn(functional_params(model), model.cfg, batch, lcfg, reference=ref)

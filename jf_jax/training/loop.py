@@ -36,7 +36,7 @@ from jf_jax.model.sharding import ShardingRules, make_mesh
 from jf_jax.training.synthetic import SyntheticRecorder, make_prompts
 from jf_jax.training.config import ConfigKeyError, TrainConfig
 from jf_jax.training.state import TrainState, abstract_state, init_state, make_optimizer, state_shardings
-from jf_jax.training.step import make_train_step, put_batch
+from jf_jax.training.step import make_train_step, put_batch, reference_params
 from jf_jax.training.trajectories import collect, load_responses, read_manifest
 
 
@@ -240,7 +240,13 @@ def run_training(tcfg: TrainConfig, run_dir: str, *, progress: bool = True, stop
     mesh = make_mesh(tcfg.mesh.data, tcfg.mesh.fsdp, devices)
     optimizer = make_optimizer(cfg, tcfg.optim, total)
     shardings = state_shardings(cfg, optimizer, abstract_params(cfg), mesh, rules)
-    step_fn = make_train_step(cfg, tcfg.loss, tcfg.optim, total, mesh, rules, shardings)
+    initial = None
+    reference = None
+    if tcfg.loss.ar_teacher == "reference":
+        # The run's initial weights, frozen; rebuilt from the config on resume (they are not checkpointed).
+        initial = initial_params(tcfg, cfg)
+        reference = jax.device_put(reference_params(initial, cfg), shardings.params)
+    step_fn = make_train_step(cfg, tcfg.loss, tcfg.optim, total, mesh, rules, shardings, reference)
 
     ckpt_dir = os.path.abspath(os.path.join(run_dir, rd.CHECKPOINT_DIR))
     options = ocp.CheckpointManagerOptions(max_to_keep=tcfg.train.keep_checkpoints,
@@ -251,7 +257,7 @@ def run_training(tcfg: TrainConfig, run_dir: str, *, progress: bool = True, stop
     with ocp.CheckpointManager(ckpt_dir, options=options) as mngr:
         latest = mngr.latest_step()
         if latest is None:
-            params = jax.device_put(initial_params(tcfg, cfg), shardings.params)
+            params = jax.device_put(initial_params(tcfg, cfg) if initial is None else initial, shardings.params)
             state = jax.jit(lambda p: init_state(p, optimizer), out_shardings=shardings)(params)
         else:
             target = _to_tree(abstract_state(cfg, optimizer, abstract_params(cfg), shardings))
@@ -289,6 +295,7 @@ def run_training(tcfg: TrainConfig, run_dir: str, *, progress: bool = True, stop
                     on_step(done, m)
         bar.close()
         mngr.wait_until_finished()
+        del initial
         final_step = int(state.step)
         if final_step == total:
             rd.export_params(run_dir, cfg, _host_params(state.params))

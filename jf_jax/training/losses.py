@@ -3,7 +3,13 @@
 One forward over the packed rows gives float32 logits ``z`` [B, L, V] (computed once: the teacher logits are
 the clean-stream logits the AR loss uses anyway). With ``lse = logsumexp(z)``:
 
-* AR: ``ce[p] = lse[p] - z[p, ar_target[p]]``; ``ar = sum(ar_weight * ce) / sum(ar_weight)``.
+* AR: ``ce[p] = lse[p] - z[p, ar_target[p]]``; ``ar = sum(ar_weight * ce) / sum(ar_weight)``. With
+  ``ar_teacher="reference"`` the target is instead the whole next-token distribution of a frozen reference model
+  (the run's initial weights) at the same position: ``ce[p] = KL(softmax(r[p]) || softmax(z[p]))`` with ``r`` the
+  reference's logits on the same packed tokens and mask (clean and prompt positions see only clean tokens, so
+  ``r`` there is the reference's plain causal distribution). Training on the model's own greedy answers
+  sharpens it towards them and costs quality (experiments/results/levers_n16.md); distilling the reference's
+  distribution keeps what it knew about the other tokens.
 * Consistency, per pair (student s, teacher t) of ``cons_student / cons_teacher``:
   ``soft_ce = lse[s] - sum_v softmax(stop_gradient(z[t]))_v * z[s, v]``
   (= KL(teacher || student) + teacher entropy; temperature 1), and
@@ -30,6 +36,9 @@ from jf_jax.model.params import Params
 from pallas_kernels.mask import MASK_KINDS, MASK_NOISE_CONDITIONED, TokenMeta
 
 
+AR_TEACHERS = ("data", "reference")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LossConfig:
     ar_weight: float = 10.0
@@ -39,10 +48,15 @@ class LossConfig:
     """Whether prompt-internal next-token pairs are AR targets (REF: yes). Applied when packing."""
     mask: str = MASK_NOISE_CONDITIONED
     """"noise_conditioned" (the method) or "clean_context" (the CLLM*-style ablation)."""
+    ar_teacher: str = "data"
+    """"data": cross-entropy on the trajectory's tokens (REF). "reference": KL from a frozen reference model's
+    next-token distribution (the run's initial weights; one extra forward per step, no backward)."""
 
     def __post_init__(self):
         if self.mask not in MASK_KINDS:
             raise ValueError(f"loss.mask must be one of {MASK_KINDS}, got {self.mask!r}")
+        if self.ar_teacher not in AR_TEACHERS:
+            raise ValueError(f"loss.ar_teacher must be one of {AR_TEACHERS}, got {self.ar_teacher!r}")
         if self.ar_weight < 0 or self.consistency_weight < 0:
             raise ValueError("loss weights must be >= 0")
 
@@ -63,11 +77,19 @@ def _gather_rows(x, index):
     return jax.vmap(lambda xb, ib: xb[ib])(x, index)
 
 
-def weighted_sums_from_logits(z, batch) -> dict:
-    """Un-normalised loss sums from float32 logits z [B, L, V]: {"ar": sum w*ce, "consistency": sum w*soft_ce}."""
+def weighted_sums_from_logits(z, batch, reference_z=None) -> dict:
+    """Un-normalised loss sums from float32 logits z [B, L, V]: {"ar": sum w*ce, "consistency": sum w*soft_ce}.
+
+    reference_z: a frozen reference model's logits [B, L, V] on the same batch; when given, the AR term is
+    KL(reference || model) per position instead of the cross-entropy on ``ar_target``."""
     lse = jax.nn.logsumexp(z, axis=-1)  # [B, L]
-    target_logit = jnp.take_along_axis(z, batch["ar_target"][..., None], axis=-1)[..., 0]  # [B, L]
-    ar = jnp.sum(batch["ar_weight"] * (lse - target_logit))
+    if reference_z is None:
+        target_logit = jnp.take_along_axis(z, batch["ar_target"][..., None], axis=-1)[..., 0]  # [B, L]
+        ar = jnp.sum(batch["ar_weight"] * (lse - target_logit))
+    else:
+        log_r = jax.nn.log_softmax(jax.lax.stop_gradient(reference_z), axis=-1)
+        kl = jnp.sum(jnp.exp(log_r) * (log_r - (z - lse[..., None])), axis=-1)  # [B, L]
+        ar = jnp.sum(batch["ar_weight"] * kl)
 
     student = _gather_rows(z, batch["cons_student"])  # [B, M, V]
     teacher = jax.lax.stop_gradient(_gather_rows(z, batch["cons_teacher"]))  # [B, M, V]
@@ -77,10 +99,24 @@ def weighted_sums_from_logits(z, batch) -> dict:
     return dict(ar=ar, consistency=consistency)
 
 
-def weighted_sums(params: Params, cfg: ModelConfig, batch, lcfg: LossConfig) -> dict:
-    """Runs the model on a packed batch and returns the un-normalised loss sums."""
+def _logits(params: Params, cfg: ModelConfig, batch, lcfg: LossConfig):
     hidden, _ = model.forward(params, cfg, batch["tokens"], meta=batch_meta(batch), mask_kind=lcfg.mask)
-    return weighted_sums_from_logits(model.logits(params, cfg, hidden), batch)
+    return model.logits(params, cfg, hidden)
+
+
+def check_reference(lcfg: LossConfig, reference: Params | None) -> None:
+    if lcfg.ar_teacher == "reference" and reference is None:
+        raise ValueError("loss.ar_teacher=reference needs the reference model's parameters (reference=...)")
+
+
+def weighted_sums(params: Params, cfg: ModelConfig, batch, lcfg: LossConfig, reference: Params | None = None) -> dict:
+    """Runs the model on a packed batch and returns the un-normalised loss sums. ``reference``: the frozen
+    reference parameters (same config) that ``ar_teacher="reference"`` distils from; ignored otherwise."""
+    check_reference(lcfg, reference)
+    reference_z = None
+    if lcfg.ar_teacher == "reference":
+        reference_z = jax.lax.stop_gradient(_logits(reference, cfg, batch, lcfg))
+    return weighted_sums_from_logits(_logits(params, cfg, batch, lcfg), batch, reference_z)
 
 
 def combine(sums: dict, norms: dict, lcfg: LossConfig) -> tuple[jax.Array, dict]:
@@ -91,7 +127,8 @@ def combine(sums: dict, norms: dict, lcfg: LossConfig) -> tuple[jax.Array, dict]
     return total, {"loss/total": total, "loss/ar": ar, "loss/consistency": consistency}
 
 
-def loss_fn(params: Params, cfg: ModelConfig, batch, lcfg: LossConfig, norms: dict | None = None):
+def loss_fn(params: Params, cfg: ModelConfig, batch, lcfg: LossConfig, norms: dict | None = None,
+            reference: Params | None = None):
     """Total loss of ``batch`` (a micro-batch when ``norms`` come from the full batch) and its metrics."""
     norms = loss_normalizers(batch) if norms is None else norms
-    return combine(weighted_sums(params, cfg, batch, lcfg), norms, lcfg)
+    return combine(weighted_sums(params, cfg, batch, lcfg, reference), norms, lcfg)

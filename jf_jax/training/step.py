@@ -18,7 +18,8 @@ import optax
 from jax.sharding import Mesh
 
 from jf_jax.model.config import ModelConfig
-from jf_jax.training.losses import LossConfig, combine, loss_normalizers, weighted_sums
+from jf_jax.model.params import Params
+from jf_jax.training.losses import LossConfig, check_reference, combine, loss_normalizers, weighted_sums
 from jf_jax.model.sharding import ShardingRules, batch_shardings, replicated
 from jf_jax.training.state import OptimConfig, TrainState, lr_schedule, make_optimizer
 from jf_jax.training.packing import BATCH_KEYS
@@ -35,12 +36,13 @@ def _split_micro(batch, accum: int):
 
 
 def train_step(state: TrainState, batch, *, cfg: ModelConfig, lcfg: LossConfig, ocfg: OptimConfig,
-               optimizer: optax.GradientTransformation, total_steps: int):
-    """Un-jitted step: returns (new state, metrics)."""
+               optimizer: optax.GradientTransformation, total_steps: int, reference: Params | None = None):
+    """Un-jitted step: returns (new state, metrics). ``reference``: the frozen parameters the AR term distils
+    from when ``lcfg.ar_teacher == "reference"`` (not part of the state: a run rebuilds them from its config)."""
     norms = loss_normalizers(batch)
 
     def micro_loss(params, micro):
-        sums = weighted_sums(params, cfg, micro, lcfg)
+        sums = weighted_sums(params, cfg, micro, lcfg, reference)
         total, _ = combine(sums, norms, lcfg)
         return total, sums
 
@@ -70,24 +72,42 @@ def train_step(state: TrainState, batch, *, cfg: ModelConfig, lcfg: LossConfig, 
     return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
-def _jit_step(state, batch, cfg, lcfg, ocfg, total_steps):
+def _jit_step(state, batch, reference, cfg, lcfg, ocfg, total_steps):
     # The optimizer is rebuilt from the (hashable) configs inside the trace, so identical configs hit the
     # jit caches across ``make_train_step`` calls (e.g. a resumed run in the same process) instead of recompiling.
     optimizer = make_optimizer(cfg, ocfg, total_steps)
-    return train_step(state, batch, cfg=cfg, lcfg=lcfg, ocfg=ocfg, optimizer=optimizer, total_steps=total_steps)
+    return train_step(state, batch, cfg=cfg, lcfg=lcfg, ocfg=ocfg, optimizer=optimizer, total_steps=total_steps,
+                      reference=reference)
 
 
 def make_train_step(cfg: ModelConfig, lcfg: LossConfig, ocfg: OptimConfig, total_steps: int, mesh: Mesh,
-                    rules: ShardingRules, state_sharding: TrainState):
+                    rules: ShardingRules, state_sharding: TrainState, reference: Params | None = None):
     """The jitted step ``(state, batch) -> (state, metrics)``: explicit in/out shardings, state donated.
 
     The optimizer is ``train_state.make_optimizer(cfg, ocfg, total_steps)``; ``state_sharding`` comes from
-    ``train_state.state_shardings`` with that optimizer.
+    ``train_state.state_shardings`` with that optimizer. ``reference``: the frozen parameters of
+    ``lcfg.ar_teacher == "reference"``, placed like ``state_sharding.params`` (``reference_params`` makes them).
     """
+    check_reference(lcfg, reference)
+    if lcfg.ar_teacher != "reference":
+        reference = None  # not traced: a run without distillation compiles exactly as before
     batch_sh = batch_shardings({k: jnp.zeros((1, 1)) for k in BATCH_KEYS}, mesh, rules)
-    jitted = jax.jit(_jit_step, static_argnums=(2, 3, 4, 5), in_shardings=(state_sharding, batch_sh),
+    ref_sh = None if reference is None else state_sharding.params
+    jitted = jax.jit(_jit_step, static_argnums=(3, 4, 5, 6), in_shardings=(state_sharding, batch_sh, ref_sh),
                      out_shardings=(state_sharding, replicated(mesh)), donate_argnums=0)
-    return lambda state, batch: jitted(state, batch, cfg, lcfg, ocfg, total_steps)
+    return lambda state, batch: jitted(state, batch, reference, cfg, lcfg, ocfg, total_steps)
+
+
+def reference_params(params: Params, cfg: ModelConfig) -> Params:
+    """A frozen copy of ``params`` for ``ar_teacher="reference"``: the matmul weights (embedding, head, ``w*``)
+    stored in the compute dtype, since every dot casts them to it anyway (same logits, half the memory in
+    bfloat16, no per-step cast); norm scales and biases, applied in float32, kept as they are."""
+    def copy(path, p):
+        name = path[-1].key
+        matmul = name in ("embed", "lm_head") or name.startswith("w")
+        return p.astype(cfg.compute_dtype) if matmul else jnp.array(p, copy=True)
+
+    return jax.tree_util.tree_map_with_path(copy, params)
 
 
 def put_batch(batch, mesh: Mesh, rules: ShardingRules):
