@@ -27,7 +27,11 @@ import statistics
 import sys
 import time
 
-from jf_jax import host_memory
+from jf_jax import host_memory  # imports no JAX
+
+if __name__ == "__main__":
+    host_memory.reexec_with_tuned_malloc()  # first, before JAX loads: XLA's per-step buffers reused, not re-faulted
+
 from jf_jax.data.build import read_jsonl
 
 
@@ -183,5 +187,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    host_memory.reexec_with_tuned_malloc()  # XLA's per-step buffers reused, not re-faulted
     sys.exit(main())

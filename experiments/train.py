@@ -18,7 +18,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from jf_jax import host_memory
+from jf_jax import host_memory  # imports no JAX
+
+if __name__ == "__main__":
+    host_memory.reexec_with_tuned_malloc()  # first, before JAX loads: XLA's per-step buffers reused, not re-faulted
+
 from jf_jax.training.config import load_config
 from jf_jax.training.loop import NonFiniteLossError, run_training
 
@@ -58,5 +62,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    host_memory.reexec_with_tuned_malloc()  # XLA's per-step buffers reused, not re-faulted
     sys.exit(main())

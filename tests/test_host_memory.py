@@ -66,3 +66,19 @@ def test_reexecs_once_with_the_same_arguments_and_stops_refaulting():
 def test_keeps_existing_tunables():
     lines = run({"GLIBC_TUNABLES": "glibc.malloc.check=0"})
     assert lines[1] == f"start {'glibc.malloc.check=0:' + host_memory.TUNABLES!r} ['a', 'b c']"
+
+
+def test_train_script_reexecs_before_jax_is_imported():
+    """The re-exec comes before JAX loads, so it is imported once, by the process that runs (``-X importtime`` is
+    kept across the re-exec: both processes would list ``jax`` if the first had imported it). experiments/ablate.py
+    follows the same pattern (its --help imports no JAX, so it is not checked this way)."""
+    script = "experiments/train.py"
+    root = MODULE.parent.parent
+    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", host_memory.OPT_OUT)}
+    env["PYTHONPATH"] = str(root)
+    proc = subprocess.run([sys.executable, "-X", "importtime", script, "--help"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    jax_imports = [ln for ln in proc.stderr.splitlines() if ln.split("|")[-1].strip() == "jax"]
+    assert len(jax_imports) == 1, jax_imports
+    assert "usage:" in proc.stdout
