@@ -111,16 +111,25 @@ def main(argv=None) -> int:
                    help="also score the NLL of the first K HumanEval reference solutions (0: off; 164: all)")
     p.add_argument("--runs", default="runs/ablation", help="parent directory of the variants' run dirs")
     p.add_argument("--out", required=True, help="output path without extension (.jsonl, .md, .png)")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)  # overrides may follow the options, as in train.py
     variants = [parse_variant(v) for v in args.variant]
 
     from jf_jax.api import encode_prompts, load_model
     from jf_jax.training.config import load_config
     from jf_jax.training.loop import run_training
 
+    from jf_jax.training.config import ConfigKeyError
+
     shared = [f"train.steps={args.steps}", f"train.ckpt_every={args.steps}", "train.keep_checkpoints=1",
               *args.overrides]
-    tcfg = load_config(args.config, shared)
+    for path in args.prompts:
+        if not os.path.isfile(path):
+            p.error(f"--prompts {path}: no such file (experiments/build_datasets.py builds runs/prompts)")
+    try:  # every variant's config is checked before the first one trains
+        tcfg = load_config(args.config, shared)
+        configs = {name: load_config(args.config, shared + overrides) for name, overrides in variants}
+    except (ConfigKeyError, OSError) as e:
+        p.error(str(e))
     n = tcfg.data.block_size
     rows_in = [r for f in args.prompts for r in read_jsonl(f)[: args.limit]]
     base_model = load_model(tcfg.model.path)
@@ -159,7 +168,7 @@ def main(argv=None) -> int:
         if name in done:
             continue
         run = os.path.join(args.runs, name)
-        cfg = load_config(args.config, shared + overrides)
+        cfg = configs[name]
         start = time.perf_counter()
         run_training(cfg, run)
         seconds = time.perf_counter() - start
