@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import statistics
 import sys
@@ -183,11 +184,13 @@ def main(argv=None) -> int:
     header = (f"# Ablation: {args.steps} steps per variant from {args.config} {' '.join(args.overrides)}\n\n"
               f"Held-out Jacobi TPF (tokens / forwards, prefill counted) on {len(prompts)} prompts "
               f"({', '.join(args.prompts)}; first {args.limit} each), {args.max_new_tokens} new tokens, greedy, "
-              f"float32, CPU ({time.strftime('%Y-%m-%d %H:%M')}). Losses: mean of the last fifth of the steps. "
+              f"float32, CPU ({time.strftime('%Y-%m-%d %H:%M')}). Losses: mean of the last fifth of the steps "
+              f"(loss/ar is the cross-entropy on the trajectory's tokens, or with loss.ar_teacher=reference the KL "
+              f"to the frozen base model). "
               f"'same as base': fraction of prompts whose greedy output equals the untrained model's."
               + (f" HumanEval NLL: nats per token of the first {args.humaneval_nll} reference solutions, "
                  f"teacher-forced." if args.humaneval_nll > 0 else "")
-              + f"\n\nCommand: `python experiments/ablate.py {' '.join(sys.argv[1:] if argv is None else argv)}`")
+              + f"\n\nCommand: `python experiments/ablate.py {shlex.join(sys.argv[1:] if argv is None else argv)}`")
     with open(args.out + ".md", "w") as f:
         f.write(markdown(rows, header))
     plot(rows, args.out + ".png")

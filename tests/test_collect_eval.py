@@ -191,7 +191,7 @@ def test_base_model_spec_inherited(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["smollm2_jf", "smollm2_jf_r2", "smollm2_jf_n16", "smollm2_jf_n16_r2",
-                                  "smollm2_smoke", "tiny"])
+                                  "smollm2_jf_n16_b4", "smollm2_smoke", "tiny"])
 def test_configs_load(name):
     from jf_jax.training.config import load_config
 
@@ -207,6 +207,10 @@ def test_configs_load(name):
         assert (cfg.model.source, cfg.data.block_size, cfg.model.compute_dtype) == ("pretrained", 16, "bfloat16")
     if name == "smollm2_jf_n16_r2":  # progressive: re-collect with round 1 at twice its block size
         assert (cfg.model.source, cfg.model.path, cfg.data.block_size) == ("run", "runs/smollm2_jf_n16", 32)
+    if name == "smollm2_jf_n16_b4":  # n16's data and example count, four examples a step
+        n16 = load_config("configs/smollm2_jf_n16.yaml")
+        assert cfg.data.path == n16.data.path and cfg.loss.ar_teacher == "reference"
+        assert cfg.data.batch_size * cfg.train.steps == n16.data.batch_size * n16.train.steps
 
 
 def test_ablation_variants_and_table():
@@ -224,6 +228,25 @@ def test_ablation_variants_and_table():
     assert "| cw10 | loss.consistency_weight=10 | 1.250 | 1.250 | 0.500 | 0.250 | 12 | 0.50 |" in table
     rows[0]["humaneval_nll"], rows[1]["humaneval_nll"] = 0.75, 0.875
     assert "| 12 | 0.50 | 0.875 |" in markdown(rows, "# header")
+
+
+def test_lever_tradeoff_plot_reads_ablate_tables(tmp_path):
+    from experiments.ablate import markdown
+    from experiments.plot_levers import main, read_table
+
+    rows = [dict(name="base", overrides=[], tpf=1.0, humaneval_nll=0.75, token_ids=[[1]]),
+            dict(name="kl", overrides=["loss.ar_teacher=reference"], tpf=1.25, humaneval_nll=0.875, train_seconds=3.0,
+                 losses={"loss/ar": 0.5, "loss/consistency": 0.25}, token_ids=[[2]])]
+    a, b, plain = tmp_path / "a.md", tmp_path / "b.md", tmp_path / "plain.md"
+    a.write_text(markdown(rows, "# a"))
+    assert read_table(str(a)) == [dict(name="base", tpf=1.0, nll=0.75), dict(name="kl", tpf=1.25, nll=0.875)]
+    assert main([str(a), str(a), "--out", str(tmp_path / "t.png")]) == 0 and (tmp_path / "t.png").stat().st_size
+    b.write_text(markdown([{**rows[0], "tpf": 1.5}, rows[1]], "# b"))
+    with pytest.raises(SystemExit):  # bases measured differently: refused, not drawn
+        main([str(a), str(b), "--out", str(tmp_path / "u.png")])
+    plain.write_text(markdown([{k: v for k, v in r.items() if k != "humaneval_nll"} for r in rows], "# p"))
+    with pytest.raises(ValueError, match="no HumanEval NLL column"):
+        read_table(str(plain))
 
 
 def test_code_quality_checks():
