@@ -263,6 +263,7 @@ def run_training(tcfg: TrainConfig, run_dir: str, *, progress: bool = True, stop
             target = _to_tree(abstract_state(cfg, optimizer, abstract_params(cfg), shardings))
             tree = mngr.restore(latest, args=ocp.args.StandardRestore(target))
             state = TrainState(step=tree["step"], params=tree["params"], opt_state=tree["opt_state"])
+        del initial  # the host copy of the initial weights is not kept through the run (the reference lives on)
         start = int(state.step)
         if primary:
             _truncate_metrics(metrics_path, start)
@@ -295,7 +296,6 @@ def run_training(tcfg: TrainConfig, run_dir: str, *, progress: bool = True, stop
                     on_step(done, m)
         bar.close()
         mngr.wait_until_finished()
-        del initial
         final_step = int(state.step)
         if final_step == total:
             rd.export_params(run_dir, cfg, _host_params(state.params))
