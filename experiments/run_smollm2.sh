@@ -13,6 +13,7 @@
 #   bash experiments/run_smollm2.sh n16     # issue 11's bigger run: n = 16 over all 588 prompts, bf16 (~3 h)
 #   bash experiments/run_smollm2.sh n16_r2  # its round 2: re-collect at n = 32 with the n16 model, train on
 #   bash experiments/run_smollm2.sh n16_b4  # n16's data, batch 4 and the AR term distilled from the base model
+#   bash experiments/run_smollm2.sh n16_b4_r2  # its round 2: the n16_b4 model re-collects at n = 32, trains on
 #
 # Every stage is resumable: re-running a command continues a killed collection (complete shards are kept) or a
 # killed training run (orbax checkpoints) where it stopped. Outputs live under runs/ (git-ignored):
@@ -79,7 +80,7 @@ r2)
       --math "$PROMPTS/math_heldout.jsonl" --math-limit 20 \
       --block-size 16 --max-new-tokens 128 --out experiments/results/smollm2_r2_eval
   ;;
-n16|n16_r2|n16_b4)
+n16|n16_r2|n16_b4|n16_b4_r2)
   # Issue 11's run. n16: the base model's bf16 trajectories at n = 16, 128 new tokens, all 588 training prompts
   # (2 workers x 294; ~50 min), training per configs/smollm2_jf_n16.yaml (bf16 compute + remat), then held-out
   # speed (bf16, n = 8 and 16, against bf16 AR) and quality (float32: 20 GSM8K problems, all 164 HumanEval problems
@@ -87,6 +88,9 @@ n16|n16_r2|n16_b4)
   if [ "$MODE" = n16 ] || [ "$MODE" = n16_b4 ]; then  # n16_b4 reuses n16's trajectories (same directories)
     COLLECTOR=smollm2-135m; N=16; TRAJ=runs/trajectories/smollm2_bf16_n16; CONFIG=configs/smollm2_jf_${MODE}.yaml
     RUN=runs/smollm2_jf_${MODE}; MODELS="--model smollm2-135m --model $RUN"; EVAL_N=8,16
+  elif [ "$MODE" = n16_b4_r2 ]; then  # the batch-4 recipe's round 2 (configs/smollm2_jf_n16_b4_r2.yaml)
+    COLLECTOR=runs/smollm2_jf_n16_b4; N=32; TRAJ=runs/trajectories/smollm2_n16b4_n32; CONFIG=configs/smollm2_jf_n16_b4_r2.yaml
+    RUN=runs/smollm2_jf_n16_b4_r2; MODELS="--model smollm2-135m --model $COLLECTOR --model $RUN"; EVAL_N=8,16,32
   else
     COLLECTOR=runs/smollm2_jf_n16; N=32; TRAJ=runs/trajectories/smollm2_n16r1_n32; CONFIG=configs/smollm2_jf_n16_r2.yaml
     RUN=runs/smollm2_jf_n16_r2; MODELS="--model smollm2-135m --model runs/smollm2_jf_n16 --model $RUN"; EVAL_N=8,16,32
@@ -111,7 +115,7 @@ n16|n16_r2|n16_b4)
   python -m jf_jax.cli.export "$RUN" "exports/$(basename "$RUN")" --overwrite
   ;;
 *)
-  echo "usage: $0 smoke|full|r2|n16|n16_r2|n16_b4" >&2
+  echo "usage: $0 smoke|full|r2|n16|n16_r2|n16_b4|n16_b4_r2" >&2
   exit 2
   ;;
 esac

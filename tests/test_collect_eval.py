@@ -191,7 +191,7 @@ def test_base_model_spec_inherited(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["smollm2_jf", "smollm2_jf_r2", "smollm2_jf_n16", "smollm2_jf_n16_r2",
-                                  "smollm2_jf_n16_b4", "smollm2_smoke", "tiny"])
+                                  "smollm2_jf_n16_b4", "smollm2_jf_n16_b4_r2", "smollm2_smoke", "tiny"])
 def test_configs_load(name):
     from jf_jax.training.config import load_config
 
@@ -211,6 +211,11 @@ def test_configs_load(name):
         n16 = load_config("configs/smollm2_jf_n16.yaml")
         assert cfg.data.path == n16.data.path and cfg.loss.ar_teacher == "reference"
         assert cfg.data.batch_size * cfg.train.steps == n16.data.batch_size * n16.train.steps
+    if name == "smollm2_jf_n16_b4_r2":  # n16_r2's progression and example count from the batch-4 model
+        r2 = load_config("configs/smollm2_jf_n16_r2.yaml")
+        assert (cfg.model.source, cfg.model.path, cfg.data.block_size) == ("run", "runs/smollm2_jf_n16_b4", 32)
+        assert cfg.data.batch_size * cfg.train.steps == r2.data.batch_size * r2.train.steps
+        assert cfg.loss.ar_teacher == "reference" and cfg.data.window == r2.data.window
 
 
 def test_ablation_variants_and_table():
