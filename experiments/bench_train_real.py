@@ -117,9 +117,11 @@ def markdown(report: dict) -> str:
     rows = report["variants"]
     first = next(iter(rows.values()))["seconds_per_example"]
     buckets = sorted({b for r in rows.values() for b in r["bucket_seconds_per_example"]})
-    lines = [f"`{report['command']}`", "",
+    lines = ["# Train step on a config's real batches, recipes side by side", "", f"`{report['command']}`", "",
              f"{next(iter(rows.values()))['examples']} packed responses per variant; buckets (examples): "
              + ", ".join(f"{b} ({n})" for b, n in report["bucket_counts"].items()), "",
+             "Seconds per example: timed steps only (after an untimed warm-up step per bucket shape), host batch to "
+             "metrics on the host. x the first: examples per second against the first variant.", "",
              "| variant | batch | AR teacher | s / example | x the first | packed tok/s | padded tok/s | "
              + " | ".join(f"s / ex. @{b}" for b in buckets) + " | warm-up (compile) s |",
              "|---|---|---|---|---|---|---|" + "---|" * len(buckets) + "---|"]
