@@ -10,9 +10,10 @@ than batch 1, but the ``n16_b4`` run was not (issue 11). This times what a run d
 
 Every variant trains from the config's initial weights on the same packed responses (drawn with a fixed seed from
 its trajectories, as many per length bucket as fill whole batches at every variant's batch size, so no variant
-pays for empty rows), grouped by bucket as the run's ``BatchStream`` groups them. Each bucket's shape is compiled
-by an untimed warm-up step first; the timed steps then run in a shuffled order, each timed from the host batch to
-the step's metrics on the host, as the training loop does. Checkpoints and metrics files are not timed.
+pays for empty rows), batched by the run's own ``BatchStream`` (one epoch over them); variants may change the
+batch size and the loss, not the data or its packing. Each bucket's shape is compiled by an untimed warm-up step
+first; the timed steps then run in the stream's shuffled order, each timed from the host batch to the step's
+metrics on the host, as the training loop does. Checkpoints and metrics files are not timed.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import statistics
 import sys
 import time
@@ -51,29 +53,27 @@ def choose_examples(lengths: list[int], buckets: list[int], *, examples: int, mu
     return chosen
 
 
-def time_recipe(tcfg, chosen: list[int], *, seed: int) -> dict:
-    """Warm-up step per bucket, then every batch of ``chosen`` once in a shuffled order; per-step timings."""
+def time_recipe(tcfg, sequences: list, *, seed: int) -> dict:
+    """Warm-up step per bucket, then every batch of ``sequences`` once, in the run's ``BatchStream`` order (one
+    epoch: grouped by bucket, batches shuffled); per-step timings."""
     import jax
-    import numpy as np
 
     from jf_jax.model.params import abstract_params
     from jf_jax.model.sharding import ShardingRules, make_mesh
-    from jf_jax.training.loop import build_stream, initial_params, model_config
-    from jf_jax.training.packing import bucket_for, make_batch
+    from jf_jax.training.loop import initial_params, model_config
+    from jf_jax.training.packing import BatchStream
     from jf_jax.training.state import init_state, make_optimizer, state_shardings
     from jf_jax.training.step import make_train_step, put_batch, reference_params
 
     d = tcfg.data
     cfg = model_config(tcfg)
-    stream = build_stream(tcfg, "", cfg.vocab_size, progress=False)
-    seqs = [stream.sequences[i] for i in chosen]
-    by_bucket: dict[int, list] = {}
-    for s in seqs:
-        by_bucket.setdefault(bucket_for(len(s), d.buckets), []).append(s)
-    batches = [(row_len, group[k:k + d.batch_size]) for row_len, group in sorted(by_bucket.items())
-               for k in range(0, len(group), d.batch_size)]
+    stream = BatchStream(sequences, batch_size=d.batch_size, buckets=d.buckets, pad_id=d.pad_id, seed=seed)
+    plan = stream.plan(0)
+    first_of_bucket: dict[int, int] = {}
+    for k, (row_len, _) in enumerate(plan):
+        first_of_bucket.setdefault(row_len, k)
     mesh, rules = make_mesh(tcfg.mesh.data, tcfg.mesh.fsdp), ShardingRules()
-    total_steps = len(batches) + len(by_bucket)
+    total_steps = len(plan) + len(first_of_bucket)
     optimizer = make_optimizer(cfg, tcfg.optim, total_steps)
     shardings = state_shardings(cfg, optimizer, abstract_params(cfg), mesh, rules)
     params = initial_params(tcfg, cfg)
@@ -85,32 +85,30 @@ def time_recipe(tcfg, chosen: list[int], *, seed: int) -> dict:
         jax.device_put(params, shardings.params))
     del params
 
-    def run(row_len, rows):
+    def run(k):
         start = time.perf_counter()
-        batch = make_batch([[s] for s in rows], row_len, pad_id=d.pad_id, batch_size=d.batch_size)
+        batch = stream.batch(k)
         new_state, metrics = step_fn(state, put_batch(batch, mesh, rules))
         loss = float(metrics["loss/total"])
         return new_state, time.perf_counter() - start, loss, int((batch["segment"] >= 0).sum())
 
     warmup = {}
-    for row_len, group in sorted(by_bucket.items()):
-        state, seconds, _, _ = run(row_len, group[:d.batch_size])
-        warmup[row_len] = seconds
+    for row_len, k in sorted(first_of_bucket.items()):
+        state, warmup[row_len], _, _ = run(k)
     steps = []
-    for k in np.random.default_rng(seed).permutation(len(batches)):
-        row_len, rows = batches[k]
-        state, seconds, loss, tokens = run(row_len, rows)
+    for k, (row_len, rows) in enumerate(plan):
+        state, seconds, loss, tokens = run(k)
         if not math.isfinite(loss):
             raise FloatingPointError(f"non-finite loss {loss} in a timed step (bucket {row_len})")
         steps.append(dict(row_len=row_len, rows=len(rows), tokens=tokens, seconds=seconds))
     seconds = sum(s["seconds"] for s in steps)
-    return dict(batch_size=d.batch_size, ar_teacher=tcfg.loss.ar_teacher, examples=len(seqs), steps=steps,
-                warmup_seconds=warmup, timed_seconds=seconds, seconds_per_example=seconds / len(seqs),
+    return dict(batch_size=d.batch_size, ar_teacher=tcfg.loss.ar_teacher, examples=len(sequences), steps=steps,
+                warmup_seconds=warmup, timed_seconds=seconds, seconds_per_example=seconds / len(sequences),
                 tokens_per_second=sum(s["tokens"] for s in steps) / seconds,
                 padded_tokens_per_second=sum(s["row_len"] * s["rows"] for s in steps) / seconds,
                 bucket_seconds_per_example={
                     row_len: statistics.median(s["seconds"] / s["rows"] for s in steps if s["row_len"] == row_len)
-                    for row_len in sorted(by_bucket)})
+                    for row_len in sorted(first_of_bucket)})
 
 
 def markdown(report: dict) -> str:
@@ -157,24 +155,35 @@ def main(argv=None) -> int:
         parser.error(str(e))
     if len(variants) != len(args.variant):
         parser.error("--variant names must differ")
+    import dataclasses
+
     from jf_jax.training.loop import build_stream, model_config
     from jf_jax.training.packing import bucket_for
 
     first = next(iter(configs.values()))
+
+    def packing(c):  # what decides the packed sequences and their buckets: everything but the batch size
+        return dataclasses.replace(c.data, batch_size=1), c.loss.train_prompt
+
+    differing = [name for name, c in configs.items() if packing(c) != packing(first)]
+    if differing:
+        parser.error(f"variant(s) {differing} change the data or its packing (data.* other than batch_size, "
+                     "loss.train_prompt): every variant must time the same examples")
     stream = build_stream(first, "", model_config(first).vocab_size, progress=False)
     multiple = math.lcm(*(c.data.batch_size for c in configs.values()))
     chosen = choose_examples([len(s) for s in stream.sequences], first.data.buckets, examples=args.examples,
                              multiple=multiple, seed=args.seed)
-    counts: dict[int, int] = {}
-    for i in chosen:
-        b = bucket_for(len(stream.sequences[i]), first.data.buckets)
-        counts[b] = counts.get(b, 0) + 1
+    sequences = [stream.sequences[i] for i in chosen]
     del stream
-    report = dict(command="python experiments/bench_train_real.py " + " ".join(
-        repr(a) if " " in a or ":" in a else a for a in (argv if argv is not None else sys.argv[1:])),
-        bucket_counts=dict(sorted(counts.items())), variants={})
+    counts: dict[int, int] = {}
+    for seq in sequences:
+        b = bucket_for(len(seq), first.data.buckets)
+        counts[b] = counts.get(b, 0) + 1
+    report = dict(command="python experiments/bench_train_real.py "
+                  + shlex.join(argv if argv is not None else sys.argv[1:]),
+                  bucket_counts=dict(sorted(counts.items())), variants={})
     for name, tcfg in configs.items():
-        r = time_recipe(tcfg, chosen, seed=args.seed)
+        r = time_recipe(tcfg, sequences, seed=args.seed)
         report["variants"][name] = r
         print(f"{name}: batch {r['batch_size']}, teacher {r['ar_teacher']}: {r['seconds_per_example']:.2f} s/example, "
               f"{r['tokens_per_second']:.0f} packed tok/s; per bucket "

@@ -58,3 +58,7 @@ def test_bad_variant_is_a_clear_error(capsys):
     with pytest.raises(SystemExit):
         main([TINY_YAML, "--variant", "no colon"])
     assert "NAME" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # refused before any trajectory is read: the variants would time other examples
+        main([TINY_YAML, "data.source=trajectories", "data.path=/nonexistent", "--variant", "a:",
+              "--variant", "b: data.window=2"])
+    assert "['b'] change the data or its packing" in capsys.readouterr().err
