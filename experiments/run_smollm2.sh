@@ -84,17 +84,19 @@ n16|n16_r2|n16_b4|n16_b4_r2)
   # Issue 11's run. n16: the base model's bf16 trajectories at n = 16, 128 new tokens, all 588 training prompts
   # (2 workers x 294; ~50 min), training per configs/smollm2_jf_n16.yaml (bf16 compute + remat), then held-out
   # speed (bf16, n = 8 and 16, against bf16 AR) and quality (float32: 20 GSM8K problems, all 164 HumanEval problems
-  # executed). n16_r2: the round-1 model re-collects at n = 32 and training continues (configs/smollm2_jf_n16_r2.yaml).
-  if [ "$MODE" = n16 ] || [ "$MODE" = n16_b4 ]; then  # n16_b4 reuses n16's trajectories (same directories)
-    COLLECTOR=smollm2-135m; N=16; TRAJ=runs/trajectories/smollm2_bf16_n16; CONFIG=configs/smollm2_jf_${MODE}.yaml
-    RUN=runs/smollm2_jf_${MODE}; MODELS="--model smollm2-135m --model $RUN"; EVAL_N=8,16
-  elif [ "$MODE" = n16_b4_r2 ]; then  # the batch-4 recipe's round 2 (configs/smollm2_jf_n16_b4_r2.yaml)
-    COLLECTOR=runs/smollm2_jf_n16_b4; N=32; TRAJ=runs/trajectories/smollm2_n16b4_n32; CONFIG=configs/smollm2_jf_n16_b4_r2.yaml
-    RUN=runs/smollm2_jf_n16_b4_r2; MODELS="--model smollm2-135m --model $COLLECTOR --model $RUN"; EVAL_N=8,16,32
-  else
-    COLLECTOR=runs/smollm2_jf_n16; N=32; TRAJ=runs/trajectories/smollm2_n16r1_n32; CONFIG=configs/smollm2_jf_n16_r2.yaml
-    RUN=runs/smollm2_jf_n16_r2; MODELS="--model smollm2-135m --model runs/smollm2_jf_n16 --model $RUN"; EVAL_N=8,16,32
-  fi
+  # executed). n16_b4 trains the batch-4 recipe on n16's trajectories. The round-2 modes (n16_r2, n16_b4_r2): the
+  # parent run (n16, n16_b4) re-collects at n = 32 and training continues from it (configs/smollm2_jf_MODE.yaml).
+  CONFIG=configs/smollm2_jf_${MODE}.yaml; RUN=runs/smollm2_jf_${MODE}
+  case "$MODE" in
+  n16|n16_b4)  # n16_b4 reuses n16's trajectories (same directories)
+    COLLECTOR=smollm2-135m; N=16; TRAJ=runs/trajectories/smollm2_bf16_n16; MODELS="--model smollm2-135m --model $RUN"
+    EVAL_N=8,16 ;;
+  *_r2)
+    COLLECTOR=runs/smollm2_jf_${MODE%_r2}; N=32; MODELS="--model smollm2-135m --model $COLLECTOR --model $RUN"
+    EVAL_N=8,16,32
+    TRAJ=runs/trajectories/smollm2_n16b4_n32  # the directories the round-2 configs read (data.path)
+    if [ "$MODE" = n16_r2 ]; then TRAJ=runs/trajectories/smollm2_n16r1_n32; fi ;;
+  esac
   collect_worker() {
     XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" \
       python experiments/collect.py --model "$COLLECTOR" --prompts "$PROMPTS/train.jsonl" --offset "$1" --limit 294 \

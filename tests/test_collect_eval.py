@@ -218,6 +218,24 @@ def test_configs_load(name):
         assert cfg.loss.ar_teacher == "reference" and cfg.data.window == r2.data.window
 
 
+@pytest.mark.parametrize("mode", ["n16", "n16_b4", "n16_r2", "n16_b4_r2"])
+def test_run_script_collects_where_its_config_reads(mode):
+    """run_smollm2.sh's collection directories, parent model and config agree with the config it trains."""
+    import subprocess
+
+    from jf_jax.training.config import load_config
+
+    script = open("experiments/run_smollm2.sh").read()
+    setup = script[script.index("  CONFIG=configs/smollm2_jf_"):script.index("  esac\n") + len("  esac\n")]
+    out = subprocess.run(["bash", "-c", f"MODE={mode}\n{setup}echo $COLLECTOR $N $TRAJ $CONFIG"], capture_output=True,
+                         text=True, check=True).stdout.split()
+    collector, n, traj, config = out
+    cfg = load_config(config)
+    assert config == f"configs/smollm2_jf_{mode}.yaml"
+    assert list(cfg.data.path) == [f"{traj}_w0", f"{traj}_w1"] and cfg.data.block_size == int(n)
+    assert collector == ("smollm2-135m" if cfg.model.source == "pretrained" else cfg.model.path)
+
+
 def test_ablation_variants_and_table():
     from experiments.ablate import markdown, parse_variant
 
