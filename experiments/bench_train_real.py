@@ -19,6 +19,7 @@ metrics on the host, as the training loop does. Checkpoints and metrics files ar
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import shlex
@@ -155,8 +156,6 @@ def main(argv=None) -> int:
         parser.error(str(e))
     if len(variants) != len(args.variant):
         parser.error("--variant names must differ")
-    import dataclasses
-
     from jf_jax.training.loop import build_stream, model_config
     from jf_jax.training.packing import bucket_for
 
