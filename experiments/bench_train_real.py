@@ -61,14 +61,15 @@ def time_recipe(tcfg, sequences: list, *, seed: int) -> dict:
 
     from jf_jax.model.params import abstract_params
     from jf_jax.model.sharding import ShardingRules, make_mesh
-    from jf_jax.training.loop import initial_params, model_config
+    from jf_jax.training.loop import initial_params, model_config, teacher_params
     from jf_jax.training.packing import BatchStream
     from jf_jax.training.state import init_state, make_optimizer, state_shardings
-    from jf_jax.training.step import make_train_step, put_batch, reference_params
+    from jf_jax.training.step import make_train_step, put_batch
 
     d = tcfg.data
     cfg = model_config(tcfg)
-    stream = BatchStream(sequences, batch_size=d.batch_size, buckets=d.buckets, pad_id=d.pad_id, seed=seed)
+    stream = BatchStream(sequences, batch_size=d.batch_size, buckets=d.buckets, pad_id=d.pad_id, seed=seed,
+                         teacher_tokens=tcfg.loss.teacher_tokens)
     plan = stream.plan(0)
     first_of_bucket: dict[int, int] = {}
     for k, (row_len, _) in enumerate(plan):
@@ -80,7 +81,7 @@ def time_recipe(tcfg, sequences: list, *, seed: int) -> dict:
     params = initial_params(tcfg, cfg)
     reference = None
     if tcfg.loss.ar_teacher == "reference":
-        reference = jax.device_put(reference_params(params, cfg), shardings.params)
+        reference = jax.device_put(teacher_params(tcfg, cfg, params), shardings.params)
     step_fn = make_train_step(cfg, tcfg.loss, tcfg.optim, total_steps, mesh, rules, shardings, reference)
     state = jax.jit(lambda p: init_state(p, optimizer), out_shardings=shardings)(
         jax.device_put(params, shardings.params))
@@ -103,7 +104,10 @@ def time_recipe(tcfg, sequences: list, *, seed: int) -> dict:
             raise FloatingPointError(f"non-finite loss {loss} in a timed step (bucket {row_len})")
         steps.append(dict(row_len=row_len, rows=len(rows), tokens=tokens, seconds=seconds))
     seconds = sum(s["seconds"] for s in steps)
-    return dict(batch_size=d.batch_size, ar_teacher=tcfg.loss.ar_teacher, examples=len(sequences), steps=steps,
+    teacher = tcfg.loss.ar_teacher
+    if teacher == "reference":  # which tokens its forward covers (loss.teacher_tokens)
+        teacher += f" ({tcfg.loss.teacher_tokens} tokens)"
+    return dict(batch_size=d.batch_size, ar_teacher=teacher, examples=len(sequences), steps=steps,
                 warmup_seconds=warmup, timed_seconds=seconds, seconds_per_example=seconds / len(sequences),
                 tokens_per_second=sum(s["tokens"] for s in steps) / seconds,
                 padded_tokens_per_second=sum(s["row_len"] * s["rows"] for s in steps) / seconds,

@@ -42,14 +42,14 @@ def test_recipes_time_the_same_examples(tmp_path):
     assert sorted(report["bucket_counts"]) == ["48", "64"]
     assert all(n % 2 == 0 for n in report["bucket_counts"].values())
     b1, b2 = report["variants"]["b1"], report["variants"]["b2_kl"]
-    assert (b1["batch_size"], b2["batch_size"], b2["ar_teacher"]) == (1, 2, "reference")
+    assert (b1["batch_size"], b2["batch_size"], b2["ar_teacher"]) == (1, 2, "reference (clean tokens)")
     assert b1["examples"] == b2["examples"] == sum(report["bucket_counts"].values())
     assert len(b1["steps"]) == 2 * len(b2["steps"]) and all(s["rows"] == 2 for s in b2["steps"])
     tokens = [sum(s["tokens"] for s in r["steps"]) for r in (b1, b2)]
     assert tokens[0] == tokens[1] > 0  # the same packed responses, no empty rows
     assert np.isclose(b2["seconds_per_example"], b2["timed_seconds"] / b2["examples"])
     table = out.with_suffix(".md").read_text()
-    assert "| b2_kl | 2 | reference |" in table and "s / ex. @64" in table
+    assert "| b2_kl | 2 | reference (clean tokens) |" in table and "s / ex. @64" in table
 
 
 def test_bad_variant_is_a_clear_error(capsys):

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import yaml
 
 from jf_jax.weights import run_dir as rd
 from jf_jax.training import loop as train_loop
@@ -110,6 +111,13 @@ def test_killed_run_resumes_exactly(uninterrupted, tmp_path):
     jax.tree.map(np.testing.assert_array_equal, params_a, params_b)
     with pytest.raises(ConfigKeyError, match="different config"):
         run_training(load_config(TINY_YAML, SHORT + ["optim.learning_rate=1.0"]), run, progress=False)
+    # A snapshot written before a config field existed resumes as if it held the field's default.
+    with open(os.path.join(run, rd.CONFIG_FILE)) as f:
+        snapshot = yaml.safe_load(f)
+    del snapshot["loss"]["teacher_tokens"], snapshot["loss"]["ar_reference"]
+    with open(os.path.join(run, rd.CONFIG_FILE), "w") as f:
+        yaml.safe_dump(snapshot, f)
+    assert run_training(tcfg, run, progress=False).step == 12
 
 
 def test_nan_stops_and_keeps_the_last_good_checkpoint(uninterrupted, tmp_path, monkeypatch):

@@ -34,7 +34,7 @@ from jf_jax.training.packing import BatchStream, example_from_records, pack_exam
 from jf_jax.model.params import abstract_params, init_params
 from jf_jax.model.sharding import ShardingRules, make_mesh
 from jf_jax.training.synthetic import SyntheticRecorder, make_prompts
-from jf_jax.training.config import ConfigKeyError, TrainConfig
+from jf_jax.training.config import ConfigKeyError, TrainConfig, config_from_dict
 from jf_jax.training.state import TrainState, abstract_state, init_state, make_optimizer, state_shardings
 from jf_jax.training.step import make_train_step, put_batch, reference_params
 from jf_jax.training.trajectories import collect, load_responses, read_manifest
@@ -140,7 +140,30 @@ def build_stream(tcfg: TrainConfig, run_dir: str, vocab_size: int, progress: boo
         raise ValueError(f"trajectories in {', '.join(paths)} hold token id {top}, outside the model vocabulary "
                          f"({vocab_size})")
     return BatchStream(sequences, batch_size=d.batch_size, buckets=d.buckets, pad_id=d.pad_id, seed=d.seed,
-                       pack_rows=d.pack_rows)
+                       pack_rows=d.pack_rows, teacher_tokens=tcfg.loss.teacher_tokens)
+
+
+def teacher_params(tcfg: TrainConfig, cfg: ModelConfig, initial: dict) -> dict:
+    """The frozen parameters ``loss.ar_teacher=reference`` distils from, as ``step.reference_params`` stores
+    them: ``initial`` (the run's initial weights) or the model ``loss.ar_reference`` names, which must have the
+    trained model's architecture."""
+    spec = tcfg.loss.ar_reference
+    if spec is None:
+        return reference_params(initial, cfg)
+    from jf_jax import weights
+
+    kind, source, _ = weights.resolve(spec)
+    if kind == "run":  # its parameters only: a run from random init has no tokenizer, and needs none here
+        ref_cfg, params = rd.load_run(source)
+    else:
+        loaded = weights.load(spec, dtype="float32")
+        ref_cfg, params = loaded.cfg, loaded.params
+    shapes = [jax.tree.map(lambda x: tuple(x.shape), p) for p in (initial, params)]
+    if jax.tree.structure(shapes[0]) != jax.tree.structure(shapes[1]) or shapes[0] != shapes[1]:
+        raise ConfigKeyError(f"loss.ar_reference={spec!r} does not have the trained model's architecture "
+                             f"({ref_cfg.num_layers} layers, hidden size {ref_cfg.hidden_size}, vocabulary "
+                             f"{ref_cfg.vocab_size}, against {cfg.num_layers}, {cfg.hidden_size}, {cfg.vocab_size})")
+    return reference_params(params, cfg)
 
 
 def _snapshot_config(tcfg: TrainConfig, run_dir: str) -> None:
@@ -149,6 +172,10 @@ def _snapshot_config(tcfg: TrainConfig, run_dir: str) -> None:
     if os.path.exists(path):
         with open(path) as f:
             previous = yaml.safe_load(f)
+        try:  # a snapshot written before a field was added reads with that field's default
+            previous = config_from_dict(previous).to_dict()
+        except ConfigKeyError:
+            pass
         if previous != current:
             raise ConfigKeyError(f"{run_dir} holds a run with a different config ({path}); resuming it with another "
                                  "config would not reproduce it. Use a new run directory.")
@@ -243,9 +270,9 @@ def run_training(tcfg: TrainConfig, run_dir: str, *, progress: bool = True, stop
     initial = None
     reference = None
     if tcfg.loss.ar_teacher == "reference":
-        # The run's initial weights, frozen; rebuilt from the config on resume (they are not checkpointed).
+        # Frozen: the run's initial weights or loss.ar_reference; rebuilt from the config on resume (not checkpointed).
         initial = initial_params(tcfg, cfg)
-        reference = jax.device_put(reference_params(initial, cfg), shardings.params)
+        reference = jax.device_put(teacher_params(tcfg, cfg, initial), shardings.params)
     step_fn = make_train_step(cfg, tcfg.loss, tcfg.optim, total, mesh, rules, shardings, reference)
 
     ckpt_dir = os.path.abspath(os.path.join(run_dir, rd.CHECKPOINT_DIR))

@@ -27,6 +27,10 @@ decided by position, not by comparing with ``pad_id``, so ``pad_id == eos_id`` i
 Batches: each row holds one or more sequences (``segment`` 0, 1, ...; positions restart per sequence);
 padding tokens have segment -1 and zero weights. Rows have a bucketed length L and consistency pairs are
 stored compactly as ``[B, L // 2]`` index arrays (a sequence never has more pairs than noisy tokens).
+``teacher_index`` [B, L_t] lists, in order, the row's prompt and clean tokens (-1 pads it): the only positions
+with AR targets, which never attend to noisy tokens, so a frozen reference model distilled from
+(``loss.ar_teacher=reference``) runs over these L_t <= L tokens alone and gives the logits it would give them
+inside the whole row.
 """
 
 from __future__ import annotations
@@ -40,7 +44,11 @@ from jf_jax.training.noise_schedule import first_divergence, select_noisy_blocks
 from pallas_kernels.mask import STREAM_CLEAN, STREAM_CONTEXT, STREAM_NOISY
 
 BATCH_KEYS = ("tokens", "position", "segment", "stream", "block", "ar_target", "ar_weight",
-              "cons_student", "cons_teacher", "cons_weight")
+              "cons_student", "cons_teacher", "cons_weight", "teacher_index")
+TEACHER_TOKENS = ("clean", "all")
+"""What ``teacher_index`` lists: "clean" (prompt and clean tokens) or "all" (every real token of the row: the
+same reference logits where there are AR targets, at the cost of the whole row; kept to measure the saving)."""
+_TEACHER_ROUND = 16  # teacher lengths are rounded up to this, so near-equal buckets share few extra shapes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,12 +168,30 @@ def assign_rows(lengths: Sequence[int], row_len: int) -> list[list[int]]:
     return rows
 
 
+def teacher_positions(seq: PackedSequence, teacher_tokens: str = "clean") -> np.ndarray:
+    """Local indices of the tokens a reference model's forward covers (``TEACHER_TOKENS``), in order."""
+    if teacher_tokens not in TEACHER_TOKENS:
+        raise ValueError(f"teacher_tokens must be one of {TEACHER_TOKENS}, got {teacher_tokens!r}")
+    if teacher_tokens == "all":
+        return np.arange(len(seq))
+    return np.flatnonzero(seq.stream != STREAM_NOISY)
+
+
+def teacher_length(counts: Sequence[int], row_len: int) -> int:
+    """A static teacher length for rows of one sequence each with these teacher token counts: the largest,
+    rounded up to a multiple of 16, at most ``row_len``."""
+    return min(row_len, -(-max(max(counts, default=1), 1) // _TEACHER_ROUND) * _TEACHER_ROUND)
+
+
 def make_batch(rows: Sequence[Sequence[PackedSequence]], row_len: int, *, pad_id: int,
-               batch_size: int | None = None) -> dict[str, np.ndarray]:
-    """Pads rows of packed sequences into a batch dict (keys ``BATCH_KEYS``), [B, row_len] / [B, row_len // 2].
+               batch_size: int | None = None, teacher_len: int | None = None,
+               teacher_tokens: str = "clean") -> dict[str, np.ndarray]:
+    """Pads rows of packed sequences into a batch dict (keys ``BATCH_KEYS``), [B, row_len] / [B, row_len // 2] /
+    ``teacher_index`` [B, teacher_len] (default ``row_len``).
 
     ``batch_size`` (default ``len(rows)``) adds empty all-padding rows so every batch has the same shape.
     """
+    teacher_len = row_len if teacher_len is None else teacher_len
     B = len(rows) if batch_size is None else batch_size
     if len(rows) > B:
         raise ValueError(f"{len(rows)} rows do not fit a batch of {B}")
@@ -174,9 +200,10 @@ def make_batch(rows: Sequence[Sequence[PackedSequence]], row_len: int, *, pad_id
                segment=np.full((B, row_len), -1, np.int32), stream=np.full((B, row_len), STREAM_CONTEXT, np.int32),
                block=np.full((B, row_len), -1, np.int32), ar_target=np.zeros((B, row_len), np.int32),
                ar_weight=np.zeros((B, row_len), np.float32), cons_student=np.zeros((B, M), np.int32),
-               cons_teacher=np.zeros((B, M), np.int32), cons_weight=np.zeros((B, M), np.float32))
+               cons_teacher=np.zeros((B, M), np.int32), cons_weight=np.zeros((B, M), np.float32),
+               teacher_index=np.full((B, teacher_len), -1, np.int32))
     for b, row in enumerate(rows):
-        start, pairs = 0, 0
+        start, pairs, taught = 0, 0, 0
         for seg, seq in enumerate(row):
             end = start + len(seq)
             if end > row_len:
@@ -188,7 +215,11 @@ def make_batch(rows: Sequence[Sequence[PackedSequence]], row_len: int, *, pad_id
             out["cons_student"][b, pairs:pairs + m] = seq.cons_student + start
             out["cons_teacher"][b, pairs:pairs + m] = seq.cons_teacher + start
             out["cons_weight"][b, pairs:pairs + m] = seq.cons_weight
-            start, pairs = end, pairs + m
+            t = teacher_positions(seq, teacher_tokens)
+            if taught + t.size > teacher_len:
+                raise ValueError(f"row {b} has more than teacher_len={teacher_len} {teacher_tokens} teacher tokens")
+            out["teacher_index"][b, taught:taught + t.size] = t + start
+            start, pairs, taught = end, pairs + m, taught + t.size
     return out
 
 
@@ -199,11 +230,13 @@ class BatchStream:
     forms rows (one sequence per row, or several first-fit into the bucket length with ``pack_rows``), cuts
     each bucket's rows into batches of ``batch_size`` (the last one padded with empty rows), and shuffles the
     batch order. Resuming at any step therefore reproduces the uninterrupted data order exactly.
-    Sequences longer than the largest bucket are dropped (``num_dropped``).
+    Sequences longer than the largest bucket are dropped (``num_dropped``). Every batch of a bucket has the same
+    teacher length (``teacher_lengths``), so a bucket still compiles one train step: the most teacher tokens of
+    any of its sequences (one sequence per row), or the bucket length when rows pack several.
     """
 
     def __init__(self, sequences: Sequence[PackedSequence], *, batch_size: int, buckets: Sequence[int],
-                 pad_id: int, seed: int = 0, pack_rows: bool = False):
+                 pad_id: int, seed: int = 0, pack_rows: bool = False, teacher_tokens: str = "clean"):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         fits = [bucket_for(len(s), buckets) is not None for s in sequences]
@@ -213,7 +246,11 @@ class BatchStream:
             raise ValueError(f"no sequence fits the largest bucket {max(buckets)} "
                              f"(shortest has {min(len(s) for s in sequences) if sequences else 0} tokens)")
         self.batch_size, self.buckets, self.pad_id = batch_size, sorted(buckets), pad_id
-        self.seed, self.pack_rows = seed, pack_rows
+        self.seed, self.pack_rows, self.teacher_tokens = seed, pack_rows, teacher_tokens
+        counts: dict[int, list[int]] = {}
+        for s in self.sequences:
+            counts.setdefault(bucket_for(len(s), self.buckets), []).append(teacher_positions(s, teacher_tokens).size)
+        self.teacher_lengths = {b: b if pack_rows else teacher_length(c, b) for b, c in counts.items()}
         self._plans: dict[int, list[tuple[int, list[list[int]]]]] = {}
         self._epoch_starts = [0]
 
@@ -249,8 +286,9 @@ class BatchStream:
     def batch(self, step: int) -> dict[str, np.ndarray]:
         epoch, k = self.locate(step)
         row_len, rows = self.plan(epoch)[k]
-        return make_batch([[self.sequences[i] for i in row] for row in rows], row_len,
-                          pad_id=self.pad_id, batch_size=self.batch_size)
+        return make_batch([[self.sequences[i] for i in row] for row in rows], row_len, pad_id=self.pad_id,
+                          batch_size=self.batch_size, teacher_len=self.teacher_lengths[row_len],
+                          teacher_tokens=self.teacher_tokens)
 
 
 def pack_ar_example(ex: Example, *, eos_id: int | None, pad_id: int, train_prompt: bool = True) -> PackedSequence:
