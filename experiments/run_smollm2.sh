@@ -14,6 +14,7 @@
 #   bash experiments/run_smollm2.sh n16_r2  # its round 2: re-collect at n = 32 with the n16 model, train on
 #   bash experiments/run_smollm2.sh n16_b4  # n16's data, batch 4 and the AR term distilled from the base model
 #   bash experiments/run_smollm2.sh n16_b4_r2  # its round 2: the n16_b4 model re-collects at n = 32, trains on
+#   bash experiments/run_smollm2.sh n16_b4_r3  # round 3: the n16_b4_r2 model re-collects at n = 32; KL to the base
 #
 # Every stage is resumable: re-running a command continues a killed collection (complete shards are kept) or a
 # killed training run (orbax checkpoints) where it stopped. Outputs live under runs/ (git-ignored):
@@ -80,12 +81,13 @@ r2)
       --math "$PROMPTS/math_heldout.jsonl" --math-limit 20 \
       --block-size 16 --max-new-tokens 128 --out experiments/results/smollm2_r2_eval
   ;;
-n16|n16_r2|n16_b4|n16_b4_r2)
+n16|n16_r2|n16_b4|n16_b4_r2|n16_b4_r3)
   # Issue 11's run. n16: the base model's bf16 trajectories at n = 16, 128 new tokens, all 588 training prompts
   # (2 workers x 294; ~50 min), training per configs/smollm2_jf_n16.yaml (bf16 compute + remat), then held-out
   # speed (bf16, n = 8 and 16, against bf16 AR) and quality (float32: 20 GSM8K problems, all 164 HumanEval problems
-  # executed). n16_b4 trains the batch-4 recipe on n16's trajectories. The round-2 modes (n16_r2, n16_b4_r2): the
-  # parent run (n16, n16_b4) re-collects at n = 32 and training continues from it (configs/smollm2_jf_MODE.yaml).
+  # executed). n16_b4 trains the batch-4 recipe on n16's trajectories. The later rounds (n16_r2, n16_b4_r2,
+  # n16_b4_r3): the parent run (n16, n16_b4, n16_b4_r2) re-collects at n = 32 and training continues from it
+  # (configs/smollm2_jf_MODE.yaml).
   CONFIG=configs/smollm2_jf_${MODE}.yaml; RUN=runs/smollm2_jf_${MODE}
   case "$MODE" in
   n16|n16_b4)  # n16_b4 reuses n16's trajectories (same directories)
@@ -96,6 +98,9 @@ n16|n16_r2|n16_b4|n16_b4_r2)
     EVAL_N=8,16,32
     TRAJ=runs/trajectories/smollm2_n16b4_n32  # the directories the round-2 configs read (data.path)
     if [ "$MODE" = n16_r2 ]; then TRAJ=runs/trajectories/smollm2_n16r1_n32; fi ;;
+  n16_b4_r3)
+    COLLECTOR=runs/smollm2_jf_n16_b4_r2; N=32; MODELS="--model smollm2-135m --model $COLLECTOR --model $RUN"
+    EVAL_N=8,16,32; TRAJ=runs/trajectories/smollm2_n16b4r2_n32 ;;
   esac
   collect_worker() {
     XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" \
@@ -117,7 +122,7 @@ n16|n16_r2|n16_b4|n16_b4_r2)
   python -m jf_jax.cli.export "$RUN" "exports/$(basename "$RUN")" --overwrite
   ;;
 *)
-  echo "usage: $0 smoke|full|r2|n16|n16_r2|n16_b4|n16_b4_r2" >&2
+  echo "usage: $0 smoke|full|r2|n16|n16_r2|n16_b4|n16_b4_r2|n16_b4_r3" >&2
   exit 2
   ;;
 esac

@@ -191,7 +191,8 @@ def test_base_model_spec_inherited(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["smollm2_jf", "smollm2_jf_r2", "smollm2_jf_n16", "smollm2_jf_n16_r2",
-                                  "smollm2_jf_n16_b4", "smollm2_jf_n16_b4_r2", "smollm2_smoke", "tiny"])
+                                  "smollm2_jf_n16_b4", "smollm2_jf_n16_b4_r2", "smollm2_jf_n16_b4_r3", "smollm2_smoke",
+                                  "tiny"])
 def test_configs_load(name):
     from jf_jax.training.config import load_config
 
@@ -218,7 +219,7 @@ def test_configs_load(name):
         assert cfg.loss.ar_teacher == "reference" and cfg.data.window == r2.data.window
 
 
-@pytest.mark.parametrize("mode", ["n16", "n16_b4", "n16_r2", "n16_b4_r2"])
+@pytest.mark.parametrize("mode", ["n16", "n16_b4", "n16_r2", "n16_b4_r2", "n16_b4_r3"])
 def test_run_script_collects_where_its_config_reads(mode):
     """run_smollm2.sh's collection directories, parent model and config agree with the config it trains."""
     import subprocess
