@@ -48,7 +48,7 @@ BATCH_KEYS = ("tokens", "position", "segment", "stream", "block", "ar_target", "
 TEACHER_TOKENS = ("clean", "all")
 """What ``teacher_index`` lists: "clean" (prompt and clean tokens) or "all" (every real token of the row: the
 same reference logits where there are AR targets, at the cost of the whole row; kept to measure the saving)."""
-_TEACHER_ROUND = 16  # teacher lengths are rounded up to this, so near-equal buckets share few extra shapes
+_TEACHER_ROUND = 16  # teacher lengths are rounded up to this (a bucket has one teacher length either way)
 
 
 @dataclasses.dataclass(frozen=True)
