@@ -15,6 +15,7 @@
 #   bash experiments/run_smollm2.sh n16_b4  # n16's data, batch 4 and the AR term distilled from the base model
 #   bash experiments/run_smollm2.sh n16_b4_r2  # its round 2: the n16_b4 model re-collects at n = 32, trains on
 #   bash experiments/run_smollm2.sh n16_b4_r3  # round 3: the n16_b4_r2 model re-collects at n = 32; KL to the base
+#   bash experiments/run_smollm2.sh n16_b4_r4  # round 4: as round 3 from n16_b4_r3, plus 268 extra code prompts
 #
 # Every stage is resumable: re-running a command continues a killed collection (complete shards are kept) or a
 # killed training run (orbax checkpoints) where it stopped. Outputs live under runs/ (git-ignored):
@@ -81,14 +82,15 @@ r2)
       --math "$PROMPTS/math_heldout.jsonl" --math-limit 20 \
       --block-size 16 --max-new-tokens 128 --out experiments/results/smollm2_r2_eval
   ;;
-n16|n16_r2|n16_b4|n16_b4_r2|n16_b4_r3)
+n16|n16_r2|n16_b4|n16_b4_r2|n16_b4_r3|n16_b4_r4)
   # Issue 11's run. n16: the base model's bf16 trajectories at n = 16, 128 new tokens, all 588 training prompts
   # (2 workers x 294; ~50 min), training per configs/smollm2_jf_n16.yaml (bf16 compute + remat), then held-out
   # speed (bf16, n = 8 and 16, against bf16 AR) and quality (float32: 20 GSM8K problems, all 164 HumanEval problems
   # executed). n16_b4 trains the batch-4 recipe on n16's trajectories. The later rounds (n16_r2, n16_b4_r2,
-  # n16_b4_r3): the parent run (n16, n16_b4, n16_b4_r2) re-collects at n = 32 and training continues from it
-  # (configs/smollm2_jf_MODE.yaml).
-  CONFIG=configs/smollm2_jf_${MODE}.yaml; RUN=runs/smollm2_jf_${MODE}
+  # n16_b4_r3, n16_b4_r4): the parent run (n16, n16_b4, n16_b4_r2, n16_b4_r3) re-collects at n = 32 and
+  # training continues from it (configs/smollm2_jf_MODE.yaml). n16_b4_r4 also collects train_extra.jsonl's prompts
+  # (EXTRA=1) into TRAJ_extra_w0/1.
+  CONFIG=configs/smollm2_jf_${MODE}.yaml; RUN=runs/smollm2_jf_${MODE}; EXTRA=0
   case "$MODE" in
   n16|n16_b4)  # n16_b4 reuses n16's trajectories (same directories)
     COLLECTOR=smollm2-135m; N=16; TRAJ=runs/trajectories/smollm2_bf16_n16; MODELS="--model smollm2-135m --model $RUN"
@@ -98,20 +100,26 @@ n16|n16_r2|n16_b4|n16_b4_r2|n16_b4_r3)
     EVAL_N=8,16,32
     TRAJ=runs/trajectories/smollm2_n16b4_n32  # the directories the round-2 configs read (data.path)
     if [ "$MODE" = n16_r2 ]; then TRAJ=runs/trajectories/smollm2_n16r1_n32; fi ;;
-  n16_b4_r3)
-    COLLECTOR=runs/smollm2_jf_n16_b4_r2; N=32; MODELS="--model smollm2-135m --model $COLLECTOR --model $RUN"
-    EVAL_N=8,16,32; TRAJ=runs/trajectories/smollm2_n16b4r2_n32 ;;
+  n16_b4_r3|n16_b4_r4)
+    PARENT=n16_b4_r$((${MODE#n16_b4_r} - 1))
+    COLLECTOR=runs/smollm2_jf_$PARENT; N=32; MODELS="--model smollm2-135m --model $COLLECTOR --model $RUN"
+    EVAL_N=8,16,32; TRAJ=runs/trajectories/smollm2_${PARENT//_/}_n32
+    if [ "$MODE" = n16_b4_r4 ]; then EXTRA=1; fi ;;
   esac
-  collect_worker() {
+  collect_worker() {  # PROMPT_FILE OFFSET LIMIT OUT_DIR
     XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" \
-      python experiments/collect.py --model "$COLLECTOR" --prompts "$PROMPTS/train.jsonl" --offset "$1" --limit 294 \
-      --out "${TRAJ}_w$2" --block-size "$N" --max-new-tokens 128 --repetition-filter --prompts-per-shard 14 \
+      python experiments/collect.py --model "$COLLECTOR" --prompts "$1" --offset "$2" --limit "$3" \
+      --out "$4" --block-size "$N" --max-new-tokens 128 --repetition-filter --prompts-per-shard 14 \
       --dtype bfloat16 --no-progress
   }
-  collect_worker 0 0 & w0=$!
-  collect_worker 294 1 & w1=$!
-  failed=0; wait "$w0" || failed=1; wait "$w1" || failed=1
-  [ "$failed" = 0 ]
+  collect_pair() {  # PROMPT_FILE HALF SUFFIX: two workers, HALF prompts each
+    collect_worker "$1" 0 "$2" "${TRAJ}$3_w0" & w0=$!
+    collect_worker "$1" "$2" "$2" "${TRAJ}$3_w1" & w1=$!
+    failed=0; wait "$w0" || failed=1; wait "$w1" || failed=1
+    [ "$failed" = 0 ]
+  }
+  collect_pair "$PROMPTS/train.jsonl" 294 ""
+  if [ "$EXTRA" = 1 ]; then collect_pair "$PROMPTS/train_extra.jsonl" 134 _extra; fi
   python experiments/train.py "$CONFIG" --run-dir "$RUN" ${TRAIN_OVERRIDES:-}
   # shellcheck disable=SC2086  # MODELS is a list of flags
   python experiments/evaluate.py $MODELS \
@@ -122,7 +130,7 @@ n16|n16_r2|n16_b4|n16_b4_r2|n16_b4_r3)
   python -m jf_jax.cli.export "$RUN" "exports/$(basename "$RUN")" --overwrite
   ;;
 *)
-  echo "usage: $0 smoke|full|r2|n16|n16_r2|n16_b4|n16_b4_r2|n16_b4_r3" >&2
+  echo "usage: $0 smoke|full|r2|n16|n16_r2|n16_b4|n16_b4_r2|n16_b4_r3|n16_b4_r4" >&2
   exit 2
   ;;
 esac

@@ -191,8 +191,8 @@ def test_base_model_spec_inherited(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["smollm2_jf", "smollm2_jf_r2", "smollm2_jf_n16", "smollm2_jf_n16_r2",
-                                  "smollm2_jf_n16_b4", "smollm2_jf_n16_b4_r2", "smollm2_jf_n16_b4_r3", "smollm2_smoke",
-                                  "tiny"])
+                                  "smollm2_jf_n16_b4", "smollm2_jf_n16_b4_r2", "smollm2_jf_n16_b4_r3",
+                                  "smollm2_jf_n16_b4_r4", "smollm2_smoke", "tiny"])
 def test_configs_load(name):
     from jf_jax.training.config import load_config
 
@@ -217,9 +217,14 @@ def test_configs_load(name):
         assert (cfg.model.source, cfg.model.path, cfg.data.block_size) == ("run", "runs/smollm2_jf_n16_b4", 32)
         assert cfg.data.batch_size * cfg.train.steps == r2.data.batch_size * r2.train.steps
         assert cfg.loss.ar_teacher == "reference" and cfg.data.window == r2.data.window
+    if name == "smollm2_jf_n16_b4_r4":  # round 3's recipe, from round 3's model, with more data
+        r3 = load_config("configs/smollm2_jf_n16_b4_r3.yaml")
+        assert (cfg.model.path, cfg.loss, cfg.optim, cfg.train) == ("runs/smollm2_jf_n16_b4_r3", r3.loss, r3.optim,
+                                                                    r3.train)
+        assert len(cfg.data.path) == 4 and cfg.data.block_size == r3.data.block_size == 32
 
 
-@pytest.mark.parametrize("mode", ["n16", "n16_b4", "n16_r2", "n16_b4_r2", "n16_b4_r3"])
+@pytest.mark.parametrize("mode", ["n16", "n16_b4", "n16_r2", "n16_b4_r2", "n16_b4_r3", "n16_b4_r4"])
 def test_run_script_collects_where_its_config_reads(mode):
     """run_smollm2.sh's collection directories, parent model and config agree with the config it trains."""
     import subprocess
@@ -228,12 +233,14 @@ def test_run_script_collects_where_its_config_reads(mode):
 
     script = open("experiments/run_smollm2.sh").read()
     setup = script[script.index("  CONFIG=configs/smollm2_jf_"):script.index("  esac\n") + len("  esac\n")]
-    out = subprocess.run(["bash", "-c", f"MODE={mode}\n{setup}echo $COLLECTOR $N $TRAJ $CONFIG"], capture_output=True,
-                         text=True, check=True).stdout.split()
-    collector, n, traj, config = out
+    out = subprocess.run(["bash", "-c", f"MODE={mode}\n{setup}echo $COLLECTOR $N $TRAJ $CONFIG $EXTRA"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    collector, n, traj, config, extra = out
     cfg = load_config(config)
     assert config == f"configs/smollm2_jf_{mode}.yaml"
-    assert list(cfg.data.path) == [f"{traj}_w0", f"{traj}_w1"] and cfg.data.block_size == int(n)
+    dirs = [f"{traj}_w0", f"{traj}_w1"] + ([f"{traj}_extra_w0", f"{traj}_extra_w1"] if extra == "1" else [])
+    assert list(cfg.data.path) == dirs and cfg.data.block_size == int(n)
+    assert (extra == "1") == (mode == "n16_b4_r4")
     assert collector == ("smollm2-135m" if cfg.model.source == "pretrained" else cfg.model.path)
 
 

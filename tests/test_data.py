@@ -131,6 +131,30 @@ def test_build_reproducible_and_split(tmp_path, wheels_dir):
     assert m1["heldout_templates"] == sorted(r["template"] for r in rows["math_heldout"])
 
 
+def test_build_extra_code_prompts(tmp_path, wheels_dir):
+    """train_extra.jsonl adds tasks without touching train.jsonl or the held-out split, and never trains on a
+    held-out function under another module's name (ntpath.exists reads like a held-out posixpath.exists)."""
+    kw = dict(seed=0, code_heldout=12, math_heldout_templates=3, gsm_wheel=wheels_dir[0],
+              humaneval_wheel=wheels_dir[1], code_modules=["textwrap", "posixpath"], progress=False)
+    with_extra = build.build_datasets(str(tmp_path / "a"), extra_code_modules=["textwrap", "ntpath"], **kw)
+    without = build.build_datasets(str(tmp_path / "b"), extra_code_modules=[], **kw)
+    for name in ("train", "code_train", "code_heldout", "math_heldout"):
+        assert with_extra["files"][name]["sha256"] == without["files"][name]["sha256"], name
+    assert without["files"]["train_extra"]["rows"] == 0
+    rows = {k: build.read_jsonl(str(tmp_path / "a" / f"{k}.jsonl")) for k in ("train_extra", "code_heldout",
+                                                                               "code_train")}
+    held = {r["name"] for r in rows["code_heldout"]}
+    texts = {r["prompt"] for r in rows["code_heldout"] + rows["code_train"]}
+    ntpath = code_prompts.stdlib_tasks(["ntpath"])
+    assert held & {t.name for t in ntpath}, "the split holds out no name ntpath shares; pick another seed"
+    assert any(t.prompt in texts for t in ntpath)  # ntpath.dirname's docstring is posixpath.dirname's
+    assert [r["name"] for r in rows["train_extra"]] != []
+    assert sorted(r["name"] for r in rows["train_extra"]) == \
+        sorted(t.name for t in ntpath if t.name not in held and t.prompt not in texts)
+    assert all(r["module"] == "ntpath" and r["domain"] == "code" for r in rows["train_extra"])
+    assert with_extra["args"]["extra_code_modules"] == ["textwrap", "ntpath"]
+
+
 def test_build_cli(tmp_path, wheels_dir):
     from experiments.build_datasets import main
 

