@@ -112,14 +112,15 @@ n16|n16_r2|n16_b4|n16_b4_r2|n16_b4_r3|n16_b4_r4)
       --out "$4" --block-size "$N" --max-new-tokens 128 --repetition-filter --prompts-per-shard 14 \
       --dtype bfloat16 --no-progress
   }
-  collect_pair() {  # PROMPT_FILE HALF SUFFIX: two workers, HALF prompts each
-    collect_worker "$1" 0 "$2" "${TRAJ}$3_w0" & w0=$!
-    collect_worker "$1" "$2" "$2" "${TRAJ}$3_w1" & w1=$!
+  collect_pair() {  # PROMPT_FILE SUFFIX: two workers, half of the file's prompts each (the first takes the odd one)
+    local half=$(( ($(grep -c . "$1") + 1) / 2 ))
+    collect_worker "$1" 0 "$half" "${TRAJ}$2_w0" & w0=$!
+    collect_worker "$1" "$half" "$half" "${TRAJ}$2_w1" & w1=$!
     failed=0; wait "$w0" || failed=1; wait "$w1" || failed=1
     [ "$failed" = 0 ]
   }
-  collect_pair "$PROMPTS/train.jsonl" 294 ""
-  if [ "$EXTRA" = 1 ]; then collect_pair "$PROMPTS/train_extra.jsonl" 134 _extra; fi
+  collect_pair "$PROMPTS/train.jsonl" ""  # 588 prompts: 294 each
+  if [ "$EXTRA" = 1 ]; then collect_pair "$PROMPTS/train_extra.jsonl" _extra; fi  # 268: 134 each
   python experiments/train.py "$CONFIG" --run-dir "$RUN" ${TRAIN_OVERRIDES:-}
   # shellcheck disable=SC2086  # MODELS is a list of flags
   python experiments/evaluate.py $MODELS \

@@ -5,8 +5,8 @@
     OUT_DIR/train.jsonl          training prompts: code_train + math_train, shuffled together (seeded)
     OUT_DIR/train_extra.jsonl    more training code prompts from code_prompts.EXTRA_STDLIB_MODULES (shuffled;
                                  never held out). A file of its own so train.jsonl, and with it every earlier
-                                 round's collection, stays the same; no task shares a name or text with a held-out
-                                 or training task
+                                 round's collection, stays the same; no task shares its prompt text with another
+                                 task or its function name with a held-out one
     OUT_DIR/code_train.jsonl     stdlib "write this function" tasks (jf_jax.data.code_prompts)
     OUT_DIR/code_heldout.jsonl   held-out stdlib tasks (never trained on): TPF of the code domain
     OUT_DIR/math_train.jsonl     GSM8K problems of the training templates, plus generated variants (opt-in:
@@ -73,16 +73,16 @@ def math_rows(problems, instruction: str) -> list[dict]:
 
 
 def _extra_tasks(tasks, heldout, modules) -> list:
-    """Tasks of ``modules`` that are new: not one of ``tasks`` (same function or same prompt text), and sharing
-    no function name with a held-out task (``os.path.exists`` and ``ntpath.exists`` read alike, so a held-out
-    name is never trained on under another module)."""
-    known = {(t.module, t.name) for t in tasks} | {t.prompt for t in tasks}
+    """Tasks of ``modules`` that are new: no prompt text of ``tasks`` or of an earlier extra task (the same
+    function gives the same text), and no function name of a held-out task (``os.path.exists`` and
+    ``ntpath.exists`` read alike, so a held-out name is never trained on under another module)."""
+    seen = {t.prompt for t in tasks}
     held_names = {t.name for t in heldout}
     out = []
     for t in code_prompts.stdlib_tasks(modules):
-        if (t.module, t.name) in known or t.prompt in known or t.name in held_names:
+        if t.prompt in seen or t.name in held_names:
             continue
-        known.add(t.prompt)
+        seen.add(t.prompt)
         out.append(t)
     return out
 
