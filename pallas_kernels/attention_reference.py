@@ -30,22 +30,25 @@ def check_attention_shapes(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta) -> Non
 
 
 def attention_reference(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, *,
-                        mask_kind: str = MASK_NOISE_CONDITIONED, scale: float | None = None):
+                        mask_kind: str = MASK_NOISE_CONDITIONED, scale: float | None = None, precision=None):
     """Masked multi-head attention with grouped KV heads.
 
     q: [B, T, H, D]; k, v: [B, S, K, D] with H a multiple of K; q_meta fields [B, T], k_meta fields [B, S].
     Returns [B, T, H, D] in q's dtype. Scores and softmax are float32. A query that may attend no key
-    (padding, or an empty segment) gets an all-zero output row.
+    (padding, or an empty segment) gets an all-zero output row. ``precision``: of both dots (None: JAX's
+    default, which is TF32 for float32 on an Ampere-or-later GPU).
     """
     check_attention_shapes(q, k, v, q_meta, k_meta)
     B, T, H, D = q.shape
     K = k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     qg = q.reshape(B, T, K, H // K, D)
-    scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32) * scale
+    scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, precision=precision,
+                        preferred_element_type=jnp.float32) * scale
     mask = dense_mask(q_meta, k_meta, mask_kind)[:, None, None]  # [B, 1, 1, T, S]
     scores = jnp.where(mask, scores, _MASKED_SCORE)
     probs = jax.nn.softmax(scores, axis=-1)
     probs = jnp.where(mask.any(axis=-1, keepdims=True), probs, 0.0)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs.astype(v.dtype), v, precision=precision,
+                     preferred_element_type=jnp.float32)
     return out.reshape(B, T, H, D).astype(q.dtype)

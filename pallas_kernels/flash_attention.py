@@ -255,8 +255,11 @@ def _attention_fwd(q, k, v, q_meta, k_meta, static: _Static):
 
 @functools.partial(jax.jit, static_argnames=("mask_kind", "scale"))
 def _reference_grads(q, k, v, q_meta, k_meta, d_out, *, mask_kind: str, scale: float):
+    # float32: full-precision dots, as the forward kernel asks for. With JAX's default the backward ran in TF32 on
+    # an H100 (gradients off by up to 2.6e-3 absolute against float32; experiments/results/gpu/kernel_tests.txt).
+    precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
     _, vjp = jax.vjp(lambda q, k, v: attention_reference(q, k, v, q_meta, k_meta, mask_kind=mask_kind,
-                                                         scale=scale), q, k, v)
+                                                         scale=scale, precision=precision), q, k, v)
     return vjp(d_out)
 
 

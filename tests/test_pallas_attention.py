@@ -110,13 +110,14 @@ def _inputs(case: Case, dtype, seed: int = 0):
     return tuple(jnp.asarray(x, dtype) for x in (q, k, v))
 
 
-_jit_reference = jax.jit(attention_reference, static_argnames=("mask_kind", "scale"))
+_jit_reference = jax.jit(attention_reference, static_argnames=("mask_kind", "scale", "precision"))
 
 
 def _reference(case: Case, q, k, v):
-    # Full-precision dots so that the GPU reference does not use TF32 while the kernel asks for IEEE.
-    with jax.default_matmul_precision("float32"):
-        return _jit_reference(q, k, v, case.q_meta, case.k_meta, mask_kind=case.mask_kind)
+    # Full-precision dots, named on the dots themselves (so the backward, traced later, keeps them too): the GPU
+    # reference must not use TF32 while the kernel asks for IEEE.
+    return _jit_reference(q, k, v, case.q_meta, case.k_meta, mask_kind=case.mask_kind,
+                          precision=jax.lax.Precision.HIGHEST)
 
 
 class AttentionBattery:
@@ -161,6 +162,18 @@ class AttentionBattery:
         np.testing.assert_allclose(out, ref_out, rtol=1e-5, atol=1e-5)
         for got, want in zip(vjp(d_out), ref_vjp(d_out)):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+    def test_float32_gradients_ignore_the_global_matmul_precision(self):
+        # The backward asks for full-precision dots itself: a TF32 default (JAX's on an Ampere-or-later GPU, which
+        # put 2.6e-3 into these gradients on an H100) must not reach it.
+        case = CASES["jacobi_decode"]
+        q, k, v = _inputs(case, jnp.float32, seed=3)
+        d_out = jnp.asarray(np.random.default_rng(4).standard_normal(q.shape, np.float32))
+        with jax.default_matmul_precision("tensorfloat32"):
+            got = jax.vjp(lambda *x: self.kernel(case, *x), q, k, v)[1](d_out)
+        want = jax.vjp(lambda *x: _reference(case, *x), q, k, v)[1](d_out)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
 
     def test_fully_masked_rows_are_zero(self):
         case = CASES["jacobi_decode"]
