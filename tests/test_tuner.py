@@ -62,6 +62,20 @@ def _cell(n, p, tpf, rounds=0):
                          forwards=forwards, recycling_rounds=rounds, lossless=True)
 
 
+def test_a_measured_gpu_keeps_its_measured_choice():
+    # On an H100 the analytic H100 entry used to overwrite the measured one under the same key (seen on the first
+    # lent H100: tuned.json said "analytic" for the machine it had just measured).
+    curve = roofline.MeasuredCurve((1, 16, 64), (0.003, 0.003, 0.006))  # flat to 16 tokens, as measured there
+    cells = [_cell(8, 1, 1.5), _cell(16, 1, 2.0)]
+    report = tuner.analyse("tiny", TINY, curve, cells, block_sizes=(8, 16), pool_sizes=(1,), context=128,
+                           measured_device="H100", dtype="bfloat16")
+    devices = report["devices"]
+    assert devices["H100"]["latency_model"] == "measured"
+    assert devices["H100 (analytic)"]["latency_model"] == "analytic"
+    assert devices["H100"]["predicted_ar_tokens_per_second"] == pytest.approx(1 / 0.003)
+    assert {"A100", "H200", "B200"} <= devices.keys() and "cpu" not in devices
+
+
 def test_choice_is_the_argmax_of_the_predicted_surface():
     ns, ps = (4, 8, 16, 32), (1, 2, 4)
     rng = np.random.default_rng(0)

@@ -119,7 +119,10 @@ def analyse(model_name: str, cfg, curve: roofline.MeasuredCurve, cells: Sequence
     analytic = {}
     for name, dev in roofline.GPUS.items():
         fn = lambda t, dev=dev: roofline.latency(cost, dev, t, context)  # noqa: E731
-        devices[name] = device_choice(fn, cells, block_sizes, pool_sizes, "analytic")
+        # On a GPU the measured choice keeps the device's own key (decode --block-size tuned reads it there);
+        # the model's prediction for that family sits beside it instead of replacing it.
+        key = f"{name} (analytic)" if name == measured_device else name
+        devices[key] = device_choice(fn, cells, block_sizes, pool_sizes, "analytic")
         analytic[name] = {"bandwidth_tb_s": dev.bandwidth / 1e12, "peak_tflop_s": dev.peak_flops / 1e12,
                           "overhead_s": dev.overhead_s, "dtype": dev.dtype, "ridge_flop_per_byte": dev.ridge,
                           "knee_tokens": roofline.knee(cost, dev, context),
