@@ -89,21 +89,28 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     from jf_jax.api import load_model
+    from jf_jax.training.trajectories import TrajectoryFormatError
+    from jf_jax.weights.hf_names import WeightsError
 
     rows = select_prompts(read_jsonl(args.prompts), args.domains, args.limit, args.offset)
     if not rows:
         print(f"error: no prompts selected from {args.prompts}", file=sys.stderr)
         return 2
-    model = load_model(args.model, dtype=args.dtype)
     with open(args.prompts, "rb") as f:
         file_sha = hashlib.sha256(f.read()).hexdigest()
     start = time.perf_counter()
-    manifest = run_collect(model, rows, args.out, block_size=args.block_size, max_new_tokens=args.max_new_tokens,
-                           seed=args.seed, repetition_filter=args.repetition_filter,
-                           prompts_per_shard=args.prompts_per_shard, chat=not args.no_chat,
-                           metadata=dict(prompts_file=args.prompts, prompts_file_sha256=file_sha,
-                                         model_spec=args.model, dtype=args.dtype),
-                           progress=not args.no_progress)
+    try:
+        model = load_model(args.model, dtype=args.dtype)
+        manifest = run_collect(model, rows, args.out, block_size=args.block_size,
+                               max_new_tokens=args.max_new_tokens, seed=args.seed,
+                               repetition_filter=args.repetition_filter, prompts_per_shard=args.prompts_per_shard,
+                               chat=not args.no_chat,
+                               metadata=dict(prompts_file=args.prompts, prompts_file_sha256=file_sha,
+                                             model_spec=args.model, dtype=args.dtype),
+                               progress=not args.no_progress)
+    except (WeightsError, TrajectoryFormatError, FileNotFoundError) as e:  # a bad --model or --out: no traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     shards = manifest["shards"]
     tfds_dir = None
     if args.tfds:

@@ -33,6 +33,10 @@ def main(argv=None) -> int:
     parser.add_argument("overrides", nargs="*", help="key=value overrides (dotted keys)")
     parser.add_argument("--run-dir", required=True, help="output directory (resumed if it exists)")
     parser.add_argument("--stop-at-step", type=int, default=None, help="stop early at this step (resumable)")
+    parser.add_argument("--stop-after-minutes", type=float, default=None,
+                        help="stop after the first step that ends this long after training started (resumable)")
+    parser.add_argument("--export-on-stop", action="store_true",
+                        help="an early stop also exports that step's weights to RUN_DIR/params (to evaluate it)")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--distributed", action="store_true",
                         help="join a multi-process run (jax.distributed.initialize; see above)")
@@ -51,7 +55,9 @@ def main(argv=None) -> int:
                                    process_id=args.process_id)
     tcfg = load_config(args.config, args.overrides)
     try:
-        result = run_training(tcfg, args.run_dir, progress=not args.no_progress, stop_at_step=args.stop_at_step)
+        stop_after_s = None if args.stop_after_minutes is None else 60.0 * args.stop_after_minutes
+        result = run_training(tcfg, args.run_dir, progress=not args.no_progress, stop_at_step=args.stop_at_step,
+                              stop_after_s=stop_after_s, export_on_stop=args.export_on_stop)
     except NonFiniteLossError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

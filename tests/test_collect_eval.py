@@ -55,6 +55,17 @@ def test_select_prompts():
     assert [r["id"] for r in select_prompts(ROWS, "math", None, offset=1)] == ["p2", "p4"]
 
 
+def test_collect_cli_names_a_bad_model_without_a_traceback(tmp_path, capsys):
+    from experiments.collect import main
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps(ROWS[0]) + "\n")
+    assert main(["--model", str(tmp_path / "missing.gguf"), "--prompts", str(prompts),
+                 "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: unknown model") and "Traceback" not in err
+
+
 def test_collect_writes_resumable_trajectories(tmp_path):
     from experiments.collect import run_collect
 
@@ -192,7 +203,7 @@ def test_base_model_spec_inherited(tmp_path):
 
 @pytest.mark.parametrize("name", ["smollm2_jf", "smollm2_jf_r2", "smollm2_jf_n16", "smollm2_jf_n16_r2",
                                   "smollm2_jf_n16_b4", "smollm2_jf_n16_b4_r2", "smollm2_jf_n16_b4_r3",
-                                  "smollm2_jf_n16_b4_r4", "smollm2_smoke", "tiny"])
+                                  "smollm2_jf_n16_b4_r4", "smollm2_smoke", "tiny", "gpu_smollm2_jf_n16"])
 def test_configs_load(name):
     from jf_jax.training.config import load_config
 
@@ -222,6 +233,10 @@ def test_configs_load(name):
         assert (cfg.model.path, cfg.loss, cfg.optim, cfg.train) == ("runs/smollm2_jf_n16_b4_r3", r3.loss, r3.optim,
                                                                     r3.train)
         assert len(cfg.data.path) == 4 and cfg.data.block_size == r3.data.block_size == 32
+    if name == "gpu_smollm2_jf_n16":  # n16_b4's recipe; one bucket (one compile of the step on a GPU)
+        b4 = load_config("configs/smollm2_jf_n16_b4.yaml")
+        assert (cfg.loss, cfg.data.block_size, cfg.data.window) == (b4.loss, 16, b4.data.window)
+        assert cfg.data.buckets == (640,) and cfg.model.path == "smollm2-135m"
 
 
 @pytest.mark.parametrize("mode", ["n16", "n16_b4", "n16_r2", "n16_b4_r2", "n16_b4_r3", "n16_b4_r4"])

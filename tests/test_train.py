@@ -120,6 +120,28 @@ def test_killed_run_resumes_exactly(uninterrupted, tmp_path):
     assert run_training(tcfg, run, progress=False).step == 12
 
 
+def test_time_budget_stops_checkpoints_and_resumes(uninterrupted, tmp_path):
+    full_dir, full = uninterrupted
+    tcfg = load_config(TINY_YAML, SHORT)
+    run = str(tmp_path / "budget")
+    # A zero budget is spent after the first step: it is checkpointed (off the every-3 grid) and exported.
+    stopped = run_training(tcfg, run, progress=False, stop_after_s=0.0, export_on_stop=True)
+    assert stopped.step == 1 and sorted(stopped.metrics) == [1]
+    assert os.listdir(os.path.join(run, rd.CHECKPOINT_DIR)) == ["1"]
+    _, params_1 = rd.load_run(run)
+    assert not all(jax.tree.leaves(jax.tree.map(np.array_equal, params_1, rd.load_run(full_dir)[1])))
+    resumed = run_training(tcfg, run, progress=False)  # the same run, no budget: continues from step 1
+    assert sorted(resumed.metrics) == list(range(2, 13))
+    for step, m in resumed.metrics.items():
+        assert m == full.metrics[step], step
+    jax.tree.map(np.testing.assert_array_equal, rd.load_run(run)[1], rd.load_run(full_dir)[1])
+    # Without export_on_stop an early stop leaves no params/ behind (a run that never finished).
+    other = str(tmp_path / "no_export")
+    run_training(tcfg, other, progress=False, stop_after_s=0.0)
+    with pytest.raises(FileNotFoundError, match="did the run finish"):
+        rd.load_run(other)
+
+
 def test_nan_stops_and_keeps_the_last_good_checkpoint(uninterrupted, tmp_path, monkeypatch):
     full_dir, full = uninterrupted
     real = train_loop.make_train_step

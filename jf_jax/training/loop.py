@@ -19,6 +19,7 @@ import functools
 import json
 import math
 import os
+import time
 from typing import Callable
 
 import jax
@@ -247,11 +248,16 @@ def _to_tree(state: TrainState) -> dict:
 
 
 def run_training(tcfg: TrainConfig, run_dir: str, *, progress: bool = True, stop_at_step: int | None = None,
+                 stop_after_s: float | None = None, export_on_stop: bool = False,
                  on_step: Callable[[int, dict], None] | None = None, devices=None,
                  rules: ShardingRules = ShardingRules()) -> TrainResult:
     """Trains (or resumes) the run in ``run_dir`` up to ``tcfg.train.steps`` (or ``stop_at_step``).
 
-    on_step(step, metrics) is called after each finished, checked and checkpointed step.
+    ``stop_after_s``: stop after the first step that ends this many seconds after the training loop started
+    (a lease or a session with a fixed end; checkpointed there, so the same command resumes). With
+    ``export_on_stop`` an early stop also exports that step's weights to ``params/`` so the run can be evaluated
+    before it finishes; finishing later replaces them. on_step(step, metrics) is called after each finished,
+    checked and checkpointed step.
     """
     os.makedirs(run_dir, exist_ok=True)
     _snapshot_config(tcfg, run_dir)
@@ -296,6 +302,7 @@ def run_training(tcfg: TrainConfig, run_dir: str, *, progress: bool = True, stop
             _truncate_metrics(metrics_path, start)
         end = total if stop_at_step is None else min(total, stop_at_step)
         bar = tqdm(total=total, initial=start, desc=tcfg.run_name, unit="step", disable=not (progress and primary))
+        started = time.monotonic()
         with open(metrics_path if primary else os.devnull, "a") as metrics_file:
             for step in range(start, end):
                 state, metrics = step_fn(state, put_batch(stream.batch(step), mesh, rules))
@@ -313,7 +320,8 @@ def run_training(tcfg: TrainConfig, run_dir: str, *, progress: bool = True, stop
                 if done % tcfg.train.log_every == 0 or done == total:
                     metrics_file.write(json.dumps({"step": done, **m}) + "\n")
                     metrics_file.flush()
-                mngr.save(done, args=ocp.args.StandardSave(_to_tree(state)), force=done == total)
+                out_of_time = stop_after_s is not None and time.monotonic() - started >= stop_after_s
+                mngr.save(done, args=ocp.args.StandardSave(_to_tree(state)), force=done == total or out_of_time)
                 if done % tcfg.train.ckpt_every == 0 and primary:
                     tensorboard.export_run(run_dir)  # live view
                 results[done] = m
@@ -321,10 +329,12 @@ def run_training(tcfg: TrainConfig, run_dir: str, *, progress: bool = True, stop
                 bar.set_postfix(loss=f"{m['loss/total']:.4f}")
                 if on_step is not None:
                     on_step(done, m)
+                if out_of_time:
+                    break
         bar.close()
         mngr.wait_until_finished()
         final_step = int(state.step)
-        if final_step == total:
+        if final_step == total or (export_on_stop and final_step > start):
             rd.export_params(run_dir, cfg, _host_params(state.params))
     if primary:
         write_reports(run_dir)
