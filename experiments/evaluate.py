@@ -193,8 +193,7 @@ def _sampling_text(args: dict) -> str:
 def markdown(results: list[dict], args: dict) -> str:
     lines = [f"# Evaluation ({time.strftime('%Y-%m-%d %H:%M')})", "",
              f"max_new_tokens {args['max_new_tokens']}, {_sampling_text(args)}, batch 1, "
-             f"{args.get('dtype', 'float32')}, CPU "
-             f"(2 cores). TPF = tokens / forwards (prefill counted); tok/s with / without prefill; x AR = tok/s "
+             f"{args.get('dtype', 'float32')}, {args.get('device', 'CPU (2 cores)')}. TPF = tokens / forwards (prefill counted); tok/s with / without prefill; x AR = tok/s "
              "over same-dtype AR's on the same prompts, with / without prefill.", "",
              "| model | prompts | method | prompts | TPF | TPF (mean/prompt) | tok/s | tok/s no prefill | x AR | "
              "x AR no prefill | = AR |",
@@ -284,10 +283,14 @@ def main(argv=None) -> int:
         if res["humaneval"]:
             print(spec, "humaneval pass@1", res["humaneval"]["pass_at_1"], flush=True)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    import jax
+
+    device = jax.devices()[0]  # the tables once said "CPU (2 cores)" on an H100 too
+    run = {**vars(args), "device": f"CPU ({os.cpu_count()} cores)" if device.platform == "cpu" else device.device_kind}
     with open(args.out + ".json", "w") as f:
-        json.dump(dict(args=vars(args), results=results), f, indent=1)
+        json.dump(dict(args=run, results=results), f, indent=1)
     with open(args.out + ".md", "w") as f:
-        f.write(markdown(results, vars(args)))
+        f.write(markdown(results, run))
     print(f"wrote {args.out}.json and {args.out}.md")
     return 0
 
