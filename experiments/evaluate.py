@@ -193,7 +193,8 @@ def _sampling_text(args: dict) -> str:
 def markdown(results: list[dict], args: dict) -> str:
     lines = [f"# Evaluation ({time.strftime('%Y-%m-%d %H:%M')})", "",
              f"max_new_tokens {args['max_new_tokens']}, {_sampling_text(args)}, batch 1, "
-             f"{args.get('dtype', 'float32')}, {args.get('device', 'CPU (2 cores)')}. TPF = tokens / forwards (prefill counted); tok/s with / without prefill; x AR = tok/s "
+             f"{args.get('dtype', 'float32')}, {args.get('device', 'CPU (2 cores)')}. "
+             "TPF = tokens / forwards (prefill counted); tok/s with / without prefill; x AR = tok/s "
              "over same-dtype AR's on the same prompts, with / without prefill.", "",
              "| model | prompts | method | prompts | TPF | TPF (mean/prompt) | tok/s | tok/s no prefill | x AR | "
              "x AR no prefill | = AR |",
