@@ -196,6 +196,13 @@ class _Static:
     backend: str
 
 
+def _dot_precision(dtype):
+    """Precision of the forward kernel's and the backward's dots: float32 inputs get full-precision dots, since
+    Triton and XLA:GPU otherwise use TF32 on Ampere and later (it put 2.6e-3 into float32 gradients on an H100,
+    experiments/results/gpu/kernel_tests.txt); other dtypes keep the default."""
+    return lax.Precision.HIGHEST if dtype == jnp.float32 else None
+
+
 @functools.partial(jax.jit, static_argnames=("static",))
 def _forward(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, static: _Static):
     B, T, H, D = q.shape
@@ -215,8 +222,7 @@ def _forward(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, static: _Static):
     schedule = tile_schedule(tile_visit_mask(q_meta, k_meta, block_q, block_k, static.mask_kind))
     num_q_tiles, schedule_len = schedule.shape[1], schedule.shape[2]
 
-    # float32 inputs: ask for full-precision dots (Triton would otherwise use TF32 on Ampere and later).
-    precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
+    precision = _dot_precision(q.dtype)
     kernel = functools.partial(_flash_kernel, scale=static.scale, block_k=block_k,
                                mask_kind=static.mask_kind, precision=precision)
     q_spec = pl.BlockSpec((None, block_q, None, D_pad), lambda b, h, i: (b, i, h, 0))
@@ -255,9 +261,7 @@ def _attention_fwd(q, k, v, q_meta, k_meta, static: _Static):
 
 @functools.partial(jax.jit, static_argnames=("mask_kind", "scale"))
 def _reference_grads(q, k, v, q_meta, k_meta, d_out, *, mask_kind: str, scale: float):
-    # float32: full-precision dots, as the forward kernel asks for. With JAX's default the backward ran in TF32 on
-    # an H100 (gradients off by up to 2.6e-3 absolute against float32; experiments/results/gpu/kernel_tests.txt).
-    precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
+    precision = _dot_precision(q.dtype)  # the forward's: JAX's default made this backward TF32 on an H100
     _, vjp = jax.vjp(lambda q, k, v: attention_reference(q, k, v, q_meta, k_meta, mask_kind=mask_kind,
                                                          scale=scale, precision=precision), q, k, v)
     return vjp(d_out)
