@@ -126,7 +126,9 @@ pipeline() {
 
 start() {  # the pipeline in its own session, so that it outlives this call while the machine stays warm
     mkdir -p "$STATE"
-    setsid nohup bash "$0" pipeline >>"$STATE/pipeline.log" 2>&1 </dev/null &
+    # an earlier run's log ends in "pipeline finished", which wait_for would take for this run's end
+    if [ -f "$STATE/pipeline.log" ]; then mv "$STATE/pipeline.log" "$STATE/pipeline.$(date -u +%H%M%S).log"; fi
+    setsid nohup bash "$0" pipeline >"$STATE/pipeline.log" 2>&1 </dev/null &
     log "pipeline started (log $STATE/pipeline.log)"
     wait_for "${1:-540}"
 }
