@@ -108,16 +108,21 @@ stage() {  # stage NAME SECONDS CMD...: runs once (a marker records success; a t
 }
 
 collect_workers() {  # COLLECT_WORKERS processes on disjoint prompt ranges: one decode leaves the GPU mostly idle
-    local n=$COLLECT_WORKERS total per i
+    local n=$COLLECT_WORKERS total per i pids=()
     total=$(wc -l <runs/prompts/train.jsonl)
     per=$(((total + n - 1) / n))
+    # job control: a non-interactive shell starts background jobs with SIGINT ignored, so the stage's INT would
+    # not reach them; with -m they keep it, and the trap below hands it on (each worker keeps its complete shards)
+    set -m
     for ((i = 0; i < n; i++)); do
         XLA_PYTHON_CLIENT_MEM_FRACTION=$(awk "BEGIN {print 0.8 / $n}") $PY experiments/collect.py --model $MODEL \
             --prompts runs/prompts/train.jsonl --offset $((i * per)) --limit $per --out "$STATE/trajectories_w$i" \
             --block-size 16 --max-new-tokens 128 --repetition-filter --prompts-per-shard 8 --dtype bfloat16 \
             --no-progress >"$RESULTS/collect_w$i.log" 2>&1 &
+        pids+=($!)
     done
-    wait  # an INT from the stage's timeout reaches every worker (one process group); each keeps its complete shards
+    trap 'kill -INT "${pids[@]}" 2>/dev/null' INT TERM
+    until wait; do :; done  # a trapped signal ends a wait early
 }
 
 pipeline() {
