@@ -19,7 +19,12 @@
 # its box, is not run again; any other stage cut by its box (its report is written at the end) runs again, and
 # training always runs again (another box from its last checkpoint): `rm $STATE/done/evaluate` to re-evaluate.
 # The first H100 session (2026-11-24, experiments/results/gpu/README.md) took 91 s for `kernels`, 167 s for `tune`
-# with a warm compilation cache, 136 s for `evaluate`; its 300 s training box ran 14 steps (compiling, most likely).
+# with a warm compilation cache, 136 s for `evaluate`; its 300 s training box ran 14 steps (compiling six buckets).
+# The second (2026-11-25) ran `probe` instead of `kernels` in the first call (~40 s after setup), then
+#     TRAIN_S=420 COLLECT_S=210 OPTIONAL_STAGES=evaluate_f32 TRAIN_OVERRIDES="train.steps=3000 train.ckpt_every=1000" \
+#         bash experiments/gpu_session.sh start 560
+# four collectors kept 242 responses in 210 s, 3,000 steps took 196 s, `evaluate` 195 s, `evaluate_f32` 130 s with
+# a warm cache (its first, cold try outlasted a 330 s box: give it EVAL_S=470).
 set -euo pipefail
 
 STATE=${JF_GPU_STATE:-/root/jf_gpu}

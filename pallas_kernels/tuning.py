@@ -46,11 +46,13 @@ class BlockSizes:
 # Device-kind substring -> tiles. First match wins; "default" is the fallback. Measured on an H100 (2026-11-24,
 # experiments/results/gpu/README.md): 128x64 at 3 stages ran, 2.9-5.7x dense masked attention in bf16; 128x128 at
 # 3 stages asked for 233,472 bytes of shared memory at head dim 128, over the 232,448 a block may have. The H200
-# and the B200 allow the same ~227 KB per block, so they take the tiles that ran rather than 128x128.
+# and the B200 allow the same ~227 KB per block, so they take the tiles that ran rather than 128x128. On two lent
+# H100s (2026-11-24 and -25), 128x32 beat 128x64 in all four side-by-side runs (the paper's packing at 768 and
+# 3,072 tokens: 3-17% less time): the Hopper rows take it; the B200 keeps the tiles that ran on a Hopper card.
 TILE_SIZES: dict[str, BlockSizes] = {
     "B200": BlockSizes(block_q=128, block_k=64, num_warps=8, num_stages=3),
-    "H200": BlockSizes(block_q=128, block_k=64, num_warps=8, num_stages=3),
-    "H100": BlockSizes(block_q=128, block_k=64, num_warps=8, num_stages=3),
+    "H200": BlockSizes(block_q=128, block_k=32, num_warps=8, num_stages=3),
+    "H100": BlockSizes(block_q=128, block_k=32, num_warps=8, num_stages=3),
     "A100": BlockSizes(block_q=128, block_k=64, num_warps=4, num_stages=3),
     # Interpret mode runs one grid step at a time on the host: larger tiles mean fewer, vectorised steps.
     "cpu": BlockSizes(block_q=64, block_k=64),
