@@ -22,7 +22,7 @@
 # with a warm compilation cache, 136 s for `evaluate`; its 300 s training box ran 14 steps (compiling six buckets).
 # The second (2026-11-25) ran `probe` instead of `kernels` in the first call (~40 s after setup), then
 #     TRAIN_S=420 COLLECT_S=210 OPTIONAL_STAGES=evaluate_f32 TRAIN_OVERRIDES="train.steps=3000 train.ckpt_every=1000" \
-#         bash experiments/gpu_session.sh start 560
+#         bash experiments/gpu_session.sh start 560    (the config now holds those two values)
 # four collectors kept 242 responses in 210 s, 3,000 steps took 196 s, `evaluate` 195 s, `evaluate_f32` 130 s with
 # a warm cache (its first, cold try outlasted a 330 s box: give it EVAL_S=470).
 set -euo pipefail

@@ -203,7 +203,8 @@ def test_base_model_spec_inherited(tmp_path):
 
 @pytest.mark.parametrize("name", ["smollm2_jf", "smollm2_jf_r2", "smollm2_jf_n16", "smollm2_jf_n16_r2",
                                   "smollm2_jf_n16_b4", "smollm2_jf_n16_b4_r2", "smollm2_jf_n16_b4_r3",
-                                  "smollm2_jf_n16_b4_r4", "smollm2_jf_n16_b4_r4b", "smollm2_smoke", "tiny",
+                                  "smollm2_jf_n16_b4_r4", "smollm2_jf_n16_b4_r4b", "smollm2_jf_n16_b4_r4o",
+                                  "smollm2_smoke", "tiny",
                                   "gpu_smollm2_jf_n16"])
 def test_configs_load(name):
     from jf_jax.training.config import load_config
@@ -238,6 +239,11 @@ def test_configs_load(name):
         r4 = load_config("configs/smollm2_jf_n16_b4_r4.yaml")
         assert (cfg.model.path, cfg.data.path, cfg.loss, cfg.optim) == ("runs/smollm2_jf_n16_b4_r4", r4.data.path,
                                                                         r4.loss, r4.optim)
+    if name == "smollm2_jf_n16_b4_r4o":  # round 4 without its extra prompts: round 3's recipe, weights, epochs
+        r3, r4 = load_config("configs/smollm2_jf_n16_b4_r3.yaml"), load_config("configs/smollm2_jf_n16_b4_r4.yaml")
+        assert (cfg.model.path, cfg.loss, cfg.optim, cfg.train) == ("runs/smollm2_jf_n16_b4_r3", r3.loss, r3.optim,
+                                                                    r3.train)
+        assert cfg.data.path == r4.data.path[:2] and all("extra" not in p for p in cfg.data.path)
     if name == "gpu_smollm2_jf_n16":  # n16_b4's recipe; one bucket (one compile of the step on a GPU)
         b4 = load_config("configs/smollm2_jf_n16_b4.yaml")
         assert (cfg.loss, cfg.data.block_size, cfg.data.window) == (b4.loss, 16, b4.data.window)
