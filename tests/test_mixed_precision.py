@@ -57,3 +57,20 @@ def test_remat_changes_no_gradient(dtype):
     for a, b in zip(jax.tree.leaves(grads[False]), jax.tree.leaves(grads[True])):
         assert a.dtype == jnp.float32
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def test_bfloat16_weight_gradient_of_a_2d_dot_stays_in_bfloat16_on_the_cpu():
+    """The tied LM head's gradient ("nd,vd->nv": dw contracts both operands' row axis) compiles to a bf16
+    YNNPACK dot, not a float32 dot of converted operands (XLA:CPU's choice for such 2-D dots, half the speed)."""
+    if jax.default_backend() != "cpu":
+        pytest.skip("an XLA:CPU code-generation property")
+    x = jnp.zeros((256, 128), jnp.bfloat16)
+    w = jnp.zeros((1024, 128), jnp.float32)
+
+    def weight_grad(x, w, cot):
+        return jax.vjp(lambda b: mixed_einsum("nd,vd->nv", x, b), w)[1](cot)[0]
+
+    hlo = jax.jit(weight_grad).lower(x, w, jnp.zeros((256, 1024), jnp.float32)).compile().as_text()
+    entry = hlo[hlo.index("ENTRY"):]
+    assert "__ynn_fusion" in entry, entry
+    assert " dot(" not in entry, entry  # the weight gradient's dot is inside it too, not a float32 dot
