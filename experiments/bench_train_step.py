@@ -29,7 +29,6 @@ from pathlib import Path
 from jf_jax.model.config import ModelConfig
 
 
-
 def packed_batches(vocab: int, *, count: int, batch: int, prompt_len: int, block_size: int, blocks: int,
                    row_len: int, seed: int = 0) -> list[dict]:
     """``count`` batches of ``batch`` rows, one packed synthetic response per row, padded to ``row_len``."""
@@ -92,7 +91,8 @@ def time_variant(variant: Variant, cfg, params, batches, steps: int) -> dict:
                 step_seconds=seconds, median_step_seconds=statistics.median(seconds), losses=losses)
 
 
-# SmolLM2-135M-Instruct's configuration as jf_jax.weights reads it from the embedded GGUF (--random-init).
+# SmolLM2-135M-Instruct's configuration as jf_jax.weights reads it from the embedded GGUF (--random-init, for a
+# machine without the model package; tests/test_mixed_precision.py checks it against the loaded one).
 SMOLLM2_135M_SHAPES = ModelConfig(architecture="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
                                   num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64, rope_theta=100000.0,
                                   rms_norm_eps=1e-5, max_position_embeddings=8192, attention_bias=False,

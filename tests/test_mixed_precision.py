@@ -74,3 +74,14 @@ def test_bfloat16_weight_gradient_of_a_2d_dot_stays_in_bfloat16_on_the_cpu():
     entry = hlo[hlo.index("ENTRY"):]
     assert "__ynn_fusion" in entry, entry
     assert " dot(" not in entry, entry  # the weight gradient's dot is inside it too, not a float32 dot
+
+
+def test_train_step_benchmarks_random_init_shapes_are_the_embedded_models():
+    """bench_train_step.py --random-init writes SmolLM2-135M's configuration out; it must stay the loaded one's."""
+    from experiments import bench_train_step as bench
+    from jf_jax import weights
+
+    loaded = weights.load("smollm2-135m").cfg
+    ours = bench.SMOLLM2_135M_SHAPES
+    assert ours.replace(rms_norm_eps=loaded.rms_norm_eps) == loaded
+    assert ours.rms_norm_eps == pytest.approx(loaded.rms_norm_eps, rel=1e-6)  # the GGUF stores it as float32

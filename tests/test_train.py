@@ -190,12 +190,8 @@ def test_sharded_step_on_8_devices_equals_single_device():
 
 def test_step_log_reports_the_first_step_then_rates(monkeypatch, capsys):
     """experiments/train.py --no-progress: the first step's time (compilation), then a line every log period."""
-    import importlib.util
+    from experiments import train as train_cli
 
-    spec = importlib.util.spec_from_file_location("train_cli", os.path.join(os.path.dirname(__file__), "..",
-                                                                            "experiments", "train.py"))
-    train_cli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(train_cli)
     clock = iter([0.0, 30.0, 40.0, 95.0, 100.0])  # construction, then steps 1-4 ending at these times
     monkeypatch.setattr(train_cli.time, "monotonic", lambda: next(clock))
     log = train_cli._StepLog(total=4, every_s=60.0)

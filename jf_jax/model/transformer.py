@@ -82,10 +82,9 @@ def _mixed_einsum_bwd(equation, residuals, g):
     dx = jnp.einsum(f"{out},{w_sub}->{x_sub}", g, w.astype(x.dtype), preferred_element_type=jnp.float32)
     if x.ndim == 2:
         # The weight gradient contracts both operands' leading (row) axis. XLA:CPU runs that dot in float32 when
-        # the operands are 2-D (both converted first: ~100 GFLOP/s on the 2-core CPU), but transposes bf16
-        # operands of 3 or more dimensions and hands them to YNNPACK (~190 GFLOP/s side by side, 1280x576x1536):
-        # a unit axis picks the fast path. The tied LM head's gradient ("nd,nv->vd") is the one such dot in a
-        # train step, and the largest of its dots.
+        # the operands are 2-D (both converted first), but transposes bf16 operands of 3 or more dimensions and
+        # hands them to YNNPACK: a unit axis picks the fast path (the tied LM head's gradient, "nd,nv->vd", the
+        # one such dot in a train step and its largest: 597 -> 325 ms, experiments/bench_weight_grad.py).
         unit = next(c for c in "zyxwuts" if c not in equation)
         x, g, x_sub, out = x[None], g[None], unit + x_sub, unit + out
     dw = jnp.einsum(f"{x_sub},{out}->{w_sub}", x, g, preferred_element_type=jnp.float32)
