@@ -1,8 +1,8 @@
 """``model.cached_attention``: the same numbers as the reference attention over cache ++ block, and the same *bits*
 for a query however its forward is shaped (block size, split of the block, rows sharing the cache, batch).
 
-The bitwise checks run on a model of SmolLM2-135M's layer shapes, where XLA:CPU hands large reductions to
-YNNPACK unless ``jf_jax.xla_flags`` keeps it to dots: they fail without that flag (checked when it was added).
+The bitwise checks run on a model of SmolLM2-135M's layer shapes, compiled as decoders compile them
+(``decode_jit``): with XLA:CPU's defaults large reductions go to YNNPACK and the bits differ (checked below).
 """
 
 import functools
@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import cpu_kernels
-from jf_jax import xla_flags
 from jf_jax.model.cached_attention import CHUNK, cached_attention, part_a_sizes
 from jf_jax.model.config import ModelConfig
+from jf_jax.model.decode_jit import YNN_OPTION, decode_jit
 from jf_jax.model.decode_view import decode_view
 from jf_jax.model.kv_cache import KVCache
 from jf_jax.model.params import cast_params, init_params
@@ -76,8 +76,25 @@ MID = ModelConfig(architecture="llama", vocab_size=512, hidden_size=576, interme
                   max_position_embeddings=2048, attention_bias=False, tie_word_embeddings=True)
 
 
-def test_the_batch_invariance_flag_is_in_force():
-    assert xla_flags.BATCH_INVARIANT in os.environ.get("XLA_FLAGS", "").split()
+def _rms_norm_then_dot(x, w):
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + 1e-5)
+    return jnp.einsum("td,dn->tn", x32.astype(x.dtype), w, preferred_element_type=jnp.float32)
+
+
+def _ynnpack_reductions(compiled_hlo: str) -> int:
+    """Reductions that XLA:CPU handed to YNNPACK (an __ynn_fusion whose result is 1-D: not a dot's)."""
+    return sum(1 for line in compiled_hlo.splitlines() if "__ynn_fusion" in line and "f32[16]{0} fusion" in line)
+
+
+def test_decode_programs_keep_reductions_out_of_ynnpack_whatever_the_environment():
+    """``decode_jit`` sets the option per program: it holds without XLA_FLAGS and after JAX has started (this
+    process's backend is running). Plain ``jax.jit`` of the same function shows the default it works against."""
+    assert YNN_OPTION not in os.environ.get("XLA_FLAGS", "")
+    jax.devices()
+    x, w = jnp.ones((16, 576), jnp.bfloat16), jnp.ones((576, 1536), jnp.bfloat16)
+    assert _ynnpack_reductions(decode_jit(_rms_norm_then_dot).program().lower(x, w).compile().as_text()) == 0
+    assert _ynnpack_reductions(jax.jit(_rms_norm_then_dot).lower(x, w).compile().as_text()) == 1
 
 
 @pytest.mark.parametrize("kernels", [False, True], ids=["plain-jax", "cpu-kernels"])
@@ -97,7 +114,7 @@ def test_a_token_gets_the_same_bits_however_its_forward_is_shaped(dtype, layout,
     prompt = rng.integers(0, cfg.vocab_size, (1, P)).astype(np.int32)
     cont = rng.integers(0, cfg.vocab_size, (1, N)).astype(np.int32)
 
-    @jax.jit
+    @decode_jit
     def block_logits(tokens, cache):
         hidden, cache = forward(params, cfg, tokens, cache=cache)
         return logits(params, cfg, hidden), cache
@@ -120,9 +137,9 @@ def test_a_token_gets_the_same_bits_however_its_forward_is_shaped(dtype, layout,
     np.testing.assert_array_equal(np.concatenate([first[0], rest[0]]), steps)
 
     other = rng.integers(0, cfg.vocab_size, (2, N)).astype(np.int32)  # recycled candidate rows beside the draft
-    hidden, _, _ = jax.jit(lambda t, c: forward_shared_prefix(params, cfg, t, c))(
+    hidden, _, _ = decode_jit(lambda t, c: forward_shared_prefix(params, cfg, t, c))(
         np.concatenate([other[:1], cont, other[1:]]), cache0)
-    row_logits = jax.jit(lambda h: logits(params, cfg, h))
+    row_logits = decode_jit(lambda h: logits(params, cfg, h))
     np.testing.assert_array_equal(np.asarray(row_logits(hidden[1])), steps)
 
     # A batch of two prompts of different lengths (another prompt's cache row beside this one's): the block as
@@ -133,6 +150,6 @@ def test_a_token_gets_the_same_bits_however_its_forward_is_shaped(dtype, layout,
                    lengths=jnp.asarray([P, 2 * CHUNK + 9], jnp.int32))
     batched, _ = block_logits(np.concatenate([cont, other[:1]]), both)
     np.testing.assert_array_equal(np.asarray(batched[0]), steps)
-    hidden, _, _ = jax.jit(lambda t, c: forward_shared_prefix(params, cfg, t, c))(
+    hidden, _, _ = decode_jit(lambda t, c: forward_shared_prefix(params, cfg, t, c))(
         np.concatenate([other[:1], cont, other]), both)
     np.testing.assert_array_equal(np.asarray(row_logits(hidden[1])), steps)

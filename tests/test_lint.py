@@ -11,7 +11,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # one (cli -> api -> decoding / training / tuning -> model / weights / data -> pallas_kernels / cpu_kernels).
 # Layers on one rank are independent of each other.
 RANKS = {
-    "pallas_kernels": 0, "cpu_kernels": 0, "jf_jax.xla_flags": 0,
+    "pallas_kernels": 0, "cpu_kernels": 0,
     "jf_jax.model": 1,
     "jf_jax.weights": 2, "jf_jax.data": 2,
     "jf_jax.decoding": 3, "jf_jax.training": 3,

@@ -9,7 +9,6 @@ token). A batch of prompts of different lengths decodes together; each row stops
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from typing import Sequence
 
@@ -21,6 +20,7 @@ from jf_jax.decoding.common import (GenerationResult, PreparedPrompts, StopReaso
 from jf_jax.decoding.sampling import GREEDY, Sampling, choose, sampling_key
 from jf_jax.decoding.stats import prompt_stats, summarize
 from jf_jax.model.config import ModelConfig
+from jf_jax.model.decode_jit import decode_jit
 from jf_jax.model.decode_view import decode_view
 from jf_jax.model.kv_cache import KVCache
 from jf_jax.model.params import Params
@@ -28,7 +28,7 @@ from jf_jax.model.token_meta import causal_meta
 from jf_jax.model.transformer import forward, logits
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "capacity"))
+@decode_jit(static_argnames=("cfg", "capacity"))
 def prefill(params: Params, cfg: ModelConfig, tokens, lengths, capacity: int):
     """Forwards right-padded prompts [B, P] into a fresh cache; returns (cache, next-token logits [B, V])."""
     B, P = tokens.shape
@@ -52,7 +52,7 @@ class ARState:
     steps: jax.Array  # [] forwards run by the loop
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "out_capacity", "sampling"), donate_argnames=("cache",))
+@decode_jit(static_argnames=("cfg", "out_capacity", "sampling"), donate_argnames=("cache",))
 def ar_loop(params: Params, cfg: ModelConfig, cache: KVCache, first_logits, max_new_tokens, eos_ids,
             out_capacity: int, sample_keys, sampling: Sampling = GREEDY) -> ARState:
     """One-token steps until every row hit EOS or ``max_new_tokens`` (a traced scalar). Each token is chosen by

@@ -34,6 +34,7 @@ from jf_jax.decoding.common import GenerationResult, check_int, eos_array, is_eo
 from jf_jax.decoding.sampling import GREEDY, Sampling, choose
 from jf_jax.decoding.runner import MAX_BLOCK_SIZE, BlockDecoder, OnTokens, decode_prompts, keep_if_done, per_row
 from jf_jax.model.config import ModelConfig
+from jf_jax.model.decode_jit import decode_jit
 from jf_jax.model.decode_view import decode_view
 from jf_jax.model.kv_cache import KVCache
 from jf_jax.model.params import Params
@@ -76,7 +77,7 @@ class JacobiDecoder(BlockDecoder):
     """The static half of Jacobi decoding: the model config and the block size (hashable; a jit static arg).
     Drivers (``run_compiled``, ``run_python``) come from ``BlockDecoder``."""
 
-    @functools.partial(jax.jit, static_argnums=(0, 8, 9))
+    @decode_jit(static_argnums=(0, 8, 9))
     def init(self, params: Params, prompts, prompt_lens, keys, sample_keys, max_new, eos_ids, out_capacity: int,
              capacity: int) -> JacobiState:
         """Prefill with the drafting trick; the returned state's draft is each row's first block's first draft."""

@@ -39,6 +39,7 @@ from jf_jax.decoding.recycling import build_candidates, forward_rows, harvest, p
 from jf_jax.decoding.sampling import GREEDY, Sampling
 from jf_jax.decoding.runner import MAX_BLOCK_SIZE, BlockDecoder, OnTokens, decode_prompts, keep_if_done, per_row
 from jf_jax.model.config import ModelConfig
+from jf_jax.model.decode_jit import decode_jit
 from jf_jax.model.decode_view import decode_view
 from jf_jax.model.kv_cache import KVCache
 from jf_jax.model.params import Params
@@ -94,7 +95,7 @@ class MRDecoder(BlockDecoder):
     def width(self) -> int:
         return self.block_size * self.num_blocks
 
-    @functools.partial(jax.jit, static_argnums=(0, 8, 9))
+    @decode_jit(static_argnums=(0, 8, 9))
     def init(self, params: Params, prompts, prompt_lens, keys, sample_keys, max_new, eos_ids, out_capacity: int,
              capacity: int) -> MRState:
         n, W, S = self.block_size, self.width, self.pool_size

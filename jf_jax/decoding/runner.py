@@ -19,7 +19,6 @@ A row's tokens do not depend on what else shares its batch: every op of the forw
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from typing import Any, Callable
 
@@ -31,6 +30,7 @@ from jf_jax.decoding.common import GenerationError, GenerationResult, PreparedPr
 from jf_jax.decoding.sampling import GREEDY, Sampling, sampling_key
 from jf_jax.decoding.stats import prompt_stats, summarize
 from jf_jax.model.config import ModelConfig
+from jf_jax.model.decode_jit import decode_jit
 
 DRIVERS = ("compiled", "python")
 MAX_BLOCK_SIZE = 1024
@@ -81,12 +81,12 @@ class BlockDecoder:
         """Method-specific counters of a finished row (``row_view`` of a host state) for the statistics."""
         return {}
 
-    @functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
+    @decode_jit(static_argnums=0, donate_argnums=2)
     def step(self, params, state):
         """One iteration (one forward of every row)."""
         return self._step(params, state)
 
-    @functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
+    @decode_jit(static_argnums=0, donate_argnums=2)
     def run_compiled(self, params, state):
         """Iterates ``step`` on device until every row is done: iterations and blocks in one ``lax.while_loop``."""
         return jax.lax.while_loop(lambda s: ~jnp.all(s.done), lambda s: self._step(params, s), state)

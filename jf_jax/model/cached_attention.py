@@ -48,8 +48,32 @@ def part_a_sizes(capacity: int, chunk: int = CHUNK) -> tuple[int, ...]:
     return tuple(sizes) + ((top,) if top > 0 else ())
 
 
-def _scores(q, keys, shared: bool, scale: float):
-    """q [B, T, K, G, Dh] against keys [Bc, S, K, Dh] -> float32 scores [B, K, G, T, S]."""
+# Compute dtypes whose attention dots take the query token and the key chunk as *batch* dimensions: every
+# contraction is then a dot of one shape (a query's heads against one chunk of keys) however many tokens and
+# chunks share the forward. XLA:CPU's float32 dot kernels otherwise change summation order with the number of
+# query rows or keys on some CPUs (AVX2: 1, 2 and 8 tokens differ from 4 and 16), while bfloat16 dots keep one
+# order. The price is a copy of the visible keys and values per query token.
+PER_TOKEN_DOTS = ("float32",)
+
+
+def _per_row(cache_rows, B: int):
+    """``cache_rows`` [Bc, ...] as one cache row per query row [B, ...] (Bc is 1 or B here)."""
+    return jnp.broadcast_to(cache_rows, (B,) + cache_rows.shape[1:]) if cache_rows.shape[0] != B else cache_rows
+
+
+def _scores(q, keys, shared: bool, scale: float, chunk: int):
+    """q [B, T, K, G, Dh] against keys [Bc, S, K, Dh] (S a multiple of ``chunk``) -> float32 scores [B, K, G, T, S]."""
+    if q.dtype.name in PER_TOKEN_DOTS:
+        (B, T), (_, S, K, Dh) = q.shape[:2], keys.shape
+        n = S // chunk
+        keys = _per_row(keys, B).reshape(B, n, chunk, K, Dh).transpose(0, 1, 3, 2, 4)  # [B, n, K, chunk, Dh]
+        keys = jnp.broadcast_to(keys[:, None], (B, T) + keys.shape[1:])
+        q = jnp.broadcast_to(q[:, :, None], (B, T, n) + q.shape[2:])  # [B, T, n, K, G, Dh]
+        # Batch axes leading and in the output's order: XLA then runs one [G, Dh] x [Dh, chunk] dot per batch
+        # element (an einsum whose output needs a transpose let it reorder operands differently for n == 1).
+        out = jax.lax.dot_general(q, keys, (((5,), (5,)), ((0, 1, 2, 3), (0, 1, 2, 3))),
+                                  preferred_element_type=jnp.float32) * scale  # [B, T, n, K, G, chunk]
+        return out.transpose(0, 3, 4, 1, 2, 5).reshape(B, K, q.shape[4], T, S)
     if shared:  # one cache row for all B query rows: the rows become more rows (M) of one dot per head
         return jnp.einsum("btkgd,skd->bkgts", q, keys[0], preferred_element_type=jnp.float32) * scale
     return jnp.einsum("btkgd,bskd->bkgts", q, keys, preferred_element_type=jnp.float32) * scale
@@ -62,7 +86,13 @@ def _chunk_sums(probs, values, shared: bool, chunk: int):
     p = probs.reshape(B, K, G, T, n, chunk)
     sums = jnp.sum(p, axis=-1)
     p = p.astype(values.dtype)
-    if shared:
+    if values.dtype.name in PER_TOKEN_DOTS:
+        v = _per_row(values, B).reshape(B, n, chunk, K, -1).transpose(0, 1, 3, 2, 4)  # [B, n, K, chunk, Dh]
+        v = jnp.broadcast_to(v[:, None], (B, T) + v.shape[1:])
+        acc = jax.lax.dot_general(p.transpose(0, 3, 4, 1, 2, 5), v, (((5,), (4,)), ((0, 1, 2, 3), (0, 1, 2, 3))),
+                                  preferred_element_type=jnp.float32)  # [B, T, n, K, G, Dh], as _scores
+        acc = acc.transpose(0, 3, 4, 1, 2, 5)
+    elif shared:
         v = values[0].reshape(n, chunk, K, -1)
         acc = jnp.einsum("bkgtnc,nckd->bkgtnd", p, v, preferred_element_type=jnp.float32)
     else:
@@ -125,7 +155,7 @@ def cached_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths, *, c
     keys_b, values_b = assemble(k_new, cache_k), assemble(v_new, cache_v)
     key_ok = (idx < row_len[:, None]) | (from_block & jnp.take_along_axis(new_valid, take_block, axis=1))
     vis_b = (key_ok[:, None, :] & (idx[:, None, :] <= q_pos[:, :, None]))[:, None, None]  # [B, 1, 1, T, F]
-    s_b = jnp.where(vis_b, _scores(qg, keys_b, False, scale), _MASKED)
+    s_b = jnp.where(vis_b, _scores(qg, keys_b, False, scale, chunk), _MASKED)
     m_b = jnp.max(s_b, axis=-1)
 
     # Part A: whole committed chunks below each row's frontier, under a switch over power-of-two chunk counts.
@@ -139,7 +169,7 @@ def cached_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths, *, c
                 return m_b, zeros_l, zeros_acc
             slots = jnp.arange(n * chunk, dtype=jnp.int32)
             vis = (slots[None, :] < first[:, None] * chunk)[:, None, None, None, :]  # [B, 1, 1, 1, n*chunk]
-            s = jnp.where(vis, _scores(qg, cache_k[:, : n * chunk], shared, scale), _MASKED)
+            s = jnp.where(vis, _scores(qg, cache_k[:, : n * chunk], shared, scale, chunk), _MASKED)
             m = jnp.maximum(m_b, jnp.max(s, axis=-1))
             p = jnp.where(vis, jnp.exp(s - m[..., None]), 0.0)
             sums, acc = _chunk_sums(p, cache_v[:, : n * chunk], shared, chunk)

@@ -32,13 +32,14 @@ def measure_latency(params, cfg, sizes: Sequence[int] = LATENCY_SIZES, *, contex
     import jax.numpy as jnp
 
     from jf_jax.decoding.common import greedy
+    from jf_jax.model.decode_jit import decode_jit
     from jf_jax.model.decode_view import decode_view
     from jf_jax.model.kv_cache import KVCache
     from jf_jax.model.transformer import forward, logits
 
     params = decode_view(params)
 
-    @jax.jit
+    @decode_jit
     def step(params, tokens, cache):
         hidden, cache = forward(params, cfg, tokens, cache=cache)
         return greedy(logits(params, cfg, hidden)), cache
