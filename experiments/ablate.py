@@ -12,7 +12,7 @@ Each --variant is "NAME: key=value key=value ..." (overrides applied after --ste
 runs/ablation/NAME (its checkpoints are deleted after the final parameters are exported, to save disk) and is
 then decoded greedily with Jacobi (block size = the config's data.block_size) on the held-out prompts; with
 --humaneval-nll K, also scored by the teacher-forced NLL of the first K HumanEval reference solutions
-(experiments/evaluate.py's humaneval_answer_nll: the quality signal short runs can resolve). Results
+(jf_jax/cli/evaluate.py's humaneval_answer_nll: the quality signal short runs can resolve). Results
 are appended to OUT.jsonl as each variant finishes, so a killed sweep resumes with the variants still missing;
 OUT.md holds the table and OUT.png the TPF bars.
 """
@@ -125,7 +125,7 @@ def main(argv=None) -> int:
               *args.overrides]
     for path in args.prompts:
         if not os.path.isfile(path):
-            p.error(f"--prompts {path}: no such file (experiments/build_datasets.py builds runs/prompts)")
+            p.error(f"--prompts {path}: no such file (python -m jf_jax.prompts builds runs/prompts)")
     try:  # every variant's config is checked before the first one trains
         tcfg = load_config(args.config, shared)
         configs = {name: load_config(args.config, shared + overrides) for name, overrides in variants}
@@ -144,7 +144,7 @@ def main(argv=None) -> int:
     def quality(model) -> dict:
         if not problems:
             return {}
-        from experiments.evaluate import humaneval_answer_nll
+        from jf_jax.cli.evaluate import humaneval_answer_nll
 
         return dict(humaneval_nll=humaneval_answer_nll(model, problems)["nll_per_token"])
 

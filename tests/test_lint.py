@@ -17,7 +17,10 @@ RANKS = {
     "jf_jax.decoding": 3, "jf_jax.training": 3,
     "jf_jax.tuning": 4,
     "jf_jax.api": 5, "jf_jax.flax": 5, "jf_jax": 5,  # the package's __init__ re-exports the api
-    "jf_jax.cli": 6, "jf_jax.decode": 7,
+    "jf_jax.cli": 6,
+    # the entry modules: python -m jf_jax[.COMMAND]
+    "jf_jax.__main__": 7, "jf_jax.decode": 7, "jf_jax.prompts": 7, "jf_jax.collect": 7, "jf_jax.train": 7,
+    "jf_jax.evaluate": 7,
 }
 PACKAGES = ("jf_jax", "pallas_kernels", "cpu_kernels")
 

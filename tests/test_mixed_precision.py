@@ -76,12 +76,12 @@ def test_bfloat16_weight_gradient_of_a_2d_dot_stays_in_bfloat16_on_the_cpu():
     assert " dot(" not in entry, entry  # the weight gradient's dot is inside it too, not a float32 dot
 
 
-def test_train_step_benchmarks_random_init_shapes_are_the_embedded_models():
-    """bench_train_step.py --random-init writes SmolLM2-135M's configuration out; it must stay the loaded one's."""
-    from experiments import bench_train_step as bench
+def test_the_embedded_models_written_out_config_is_the_loaded_one():
+    """The embedded model's written-out configuration (bench_train_step.py --random-init) stays the loaded one's."""
     from jf_jax import weights
+    from jf_jax.weights import embedded
 
     loaded = weights.load("smollm2-135m").cfg
-    ours = bench.SMOLLM2_135M_SHAPES
+    ours = embedded.SMOLLM2_135M_CONFIG
     assert ours.replace(rms_norm_eps=loaded.rms_norm_eps) == loaded
     assert ours.rms_norm_eps == pytest.approx(loaded.rms_norm_eps, rel=1e-6)  # the GGUF stores it as float32

@@ -47,7 +47,7 @@ def test_two_processes_train_like_one_device():
 
 
 def test_a_two_process_training_run_matches_a_one_process_run(tmp_path):
-    """experiments/train.py with --coordinator on two processes x 4 devices against one process x 8 devices, same
+    """``python -m jf_jax.train`` with --coordinator on two processes x 4 devices against one process x 8 devices, same
     config and mesh: process 0 writes the run directory, both write the orbax checkpoints, and the trained
     parameters and logged losses agree to float rounding."""
     import numpy as np
@@ -57,7 +57,7 @@ def test_a_two_process_training_run_matches_a_one_process_run(tmp_path):
     overrides = ["mesh.data=2", "mesh.fsdp=4", "data.batch_size=8", "train.steps=6", "train.ckpt_every=3"]
     base = {**os.environ, "JAX_PLATFORMS": "cpu",
             "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
-    train = [sys.executable, "experiments/train.py", "configs/tiny.yaml", *overrides, "--no-progress"]
+    train = [sys.executable, "-m", "jf_jax.train", "configs/tiny.yaml", *overrides, "--no-progress"]
     single = subprocess.run(train + ["--run-dir", str(tmp_path / "one")], cwd=ROOT, capture_output=True, text=True,
                             env={**base, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}, timeout=600)
     assert single.returncode == 0, single.stdout + single.stderr[-3000:]

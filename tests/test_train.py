@@ -189,8 +189,8 @@ def test_sharded_step_on_8_devices_equals_single_device():
 
 
 def test_step_log_reports_the_first_step_then_rates(monkeypatch, capsys):
-    """experiments/train.py --no-progress: the first step's time (compilation), then a line every log period."""
-    from experiments import train as train_cli
+    """``python -m jf_jax.train --no-progress``: the first step's time (compilation), then a line every log period."""
+    from jf_jax.cli import train as train_cli
 
     clock = iter([0.0, 30.0, 40.0, 95.0, 100.0])  # construction, then steps 1-4 ending at these times
     monkeypatch.setattr(train_cli.time, "monotonic", lambda: next(clock))

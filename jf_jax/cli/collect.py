@@ -1,6 +1,6 @@
 """Collect Jacobi trajectories (training data) of a model on prompts from a JSONL file.
 
-    PYTHONPATH=. python experiments/collect.py --model smollm2-135m --prompts runs/prompts/train.jsonl \\
+    python -m jf_jax.collect --model smollm2-135m --prompts runs/prompts/train.jsonl \\
         --out runs/trajectories/smollm2_n16 --block-size 16 --max-new-tokens 256 --limit 400 --repetition-filter
 
 --model is any jf_jax.weights spec: "smollm2-135m", a .gguf, a HF directory, or a training RUN_DIR (round 2 of
@@ -62,9 +62,9 @@ def run_collect(model, rows: list[dict], out: str, *, block_size: int, max_new_t
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="jf-jax collect", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m", help="weights spec or training RUN_DIR")
-    p.add_argument("--prompts", required=True, help="JSONL with a 'prompt' field (experiments/build_datasets.py)")
+    p.add_argument("--prompts", required=True, help="JSONL with a 'prompt' field (python -m jf_jax.prompts)")
     p.add_argument("--out", required=True, help="trajectory directory (resumed if it exists)")
     p.add_argument("--domains", help="comma list of domains to keep (e.g. code,math); default all")
     p.add_argument("--limit", type=int, help="use the first N prompts (after the domain filter and --offset)")
@@ -122,6 +122,3 @@ def main(argv=None) -> int:
                           seconds=round(time.perf_counter() - start, 1))))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
-"""A second quality check of greedy AR answers, read from an experiments/evaluate.py result (no decoding).
+"""A second quality check of greedy AR answers, read from an python -m jf_jax.evaluate result (no decoding).
 
-    PYTHONPATH=. python experiments/code_quality.py experiments/results/smollm2_r1_eval.json \\
+    python -m jf_jax.cli.code_quality experiments/results/smollm2_r1_eval.json \\
         --prompts runs/prompts/code_heldout.jsonl
 
 For every model of the result and every prompt of the code set (the held-out "write this function" tasks), the
@@ -44,7 +44,7 @@ def function_name(prompt: str) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("result", help="OUT.json of experiments/evaluate.py")
+    p.add_argument("result", help="OUT.json of python -m jf_jax.evaluate")
     p.add_argument("--prompts", required=True, help="the code JSONL the result was measured on")
     p.add_argument("--set", default=None, help="prompt-set name in the result (default: the file's stem)")
     p.add_argument("--tokenizer", default="smollm2-135m", help="weights spec whose tokenizer decodes the answers")

