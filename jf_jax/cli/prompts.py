@@ -18,7 +18,8 @@ from jf_jax.data.wheels import DataFetchError
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="jf-jax prompts", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="jf-jax prompts", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/prompts", help="output directory (runs/ is git-ignored)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--code-heldout", type=int, default=48, help="stdlib tasks held out for evaluation")

@@ -1,5 +1,10 @@
 """Training configuration: frozen dataclasses loaded from ``configs/*.yaml`` plus ``key=value`` overrides.
 
+A file may extend others: ``base: recipe.yaml`` (or a list of files, applied in order; paths relative to the
+file) is read first and the file's own keys are merged over it, mappings key by key, any other value replacing
+the base's. So a run's config holds only what differs from the recipe it extends; the resolved configuration is
+what training writes into the run directory (``config.yaml``).
+
 Unknown keys (in the YAML or in an override) are rejected with their dotted path, e.g.
 ``unknown config key 'data.bukets' (known keys of data: ...)``. Override values are parsed as YAML scalars
 (``optim.learning_rate=3e-4``, ``data.buckets=[128,256]``, ``model.path=null``).
@@ -8,6 +13,7 @@ Unknown keys (in the YAML or in an override) are rejected with their dotted path
 from __future__ import annotations
 
 import dataclasses
+import os
 import types
 import typing
 from typing import Any, Mapping, Sequence
@@ -219,9 +225,46 @@ def config_from_dict(data: Mapping[str, Any], overrides: Sequence[str] = ()) -> 
     return _build(TrainConfig, apply_overrides(dict(data), overrides))
 
 
-def load_config(path: str, overrides: Sequence[str] = ()) -> TrainConfig:
-    with open(path) as f:
-        data = yaml.safe_load(f) or {}
+BASE_KEY = "base"
+
+
+def merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict:
+    """``over`` merged onto ``base``: mappings key by key (recursively), any other value replaces the base's."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def read_config_file(path: str, _chain: tuple[str, ...] = ()) -> dict:
+    """The mapping of a config file with its ``base`` files merged under it (not yet checked against the schema)."""
+    real = os.path.realpath(path)
+    if real in _chain:
+        raise ConfigKeyError(f"{path}: the '{BASE_KEY}' chain loops: " + " -> ".join(_chain + (real,)))
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f) or {}
+    except FileNotFoundError:
+        where = f" (the '{BASE_KEY}' of {_chain[-1]})" if _chain else ""
+        raise ConfigKeyError(f"config file {path} does not exist{where}") from None
     if not isinstance(data, dict):
         raise ConfigKeyError(f"{path}: the top level must be a mapping")
-    return config_from_dict(data, overrides)
+    bases = data.pop(BASE_KEY, None)
+    if bases is None:
+        return data
+    if isinstance(bases, str):
+        bases = [bases]
+    if not isinstance(bases, list) or not all(isinstance(b, str) for b in bases):
+        raise ConfigKeyError(f"{path}: '{BASE_KEY}' must be a file name or a list of file names, got {bases!r}")
+    merged: dict = {}
+    for name in bases:
+        merged = merge(merged, read_config_file(os.path.join(os.path.dirname(path), name), _chain + (real,)))
+    return merge(merged, data)
+
+
+def load_config(path: str, overrides: Sequence[str] = ()) -> TrainConfig:
+    """The ``TrainConfig`` of a config file (its ``base`` files resolved) with ``key=value`` overrides applied."""
+    return config_from_dict(read_config_file(path), overrides)
