@@ -57,10 +57,11 @@ def test_max_new_tokens_is_exact_per_row(twins):
 def test_prompts_in_one_bucket_reuse_the_compiled_programs(twins):
     _, cfg, params = twins
     generate_ar(params, cfg, _prompts(cfg, (20,), seed=3), max_new_tokens=5, eos_ids=[0])
-    compiled = (ar_decode.prefill.program()._cache_size(), ar_decode.ar_loop.program()._cache_size())
+    programs = (ar_decode.ARDecoder.init.program(), ar_decode.ARDecoder.run_compiled.program())
+    compiled = tuple(p._cache_size() for p in programs)
     for n, new in ((17, 5), (31, 9), (25, 16)):  # same prompt bucket (32) and output bucket (16)
         generate_ar(params, cfg, _prompts(cfg, (n,), seed=n), max_new_tokens=new, eos_ids=[0])
-    assert (ar_decode.prefill.program()._cache_size(), ar_decode.ar_loop.program()._cache_size()) == compiled
+    assert tuple(p._cache_size() for p in programs) == compiled
     assert bucket(17) == bucket(31) == 32 and bucket(5) == bucket(16) == 16
 
 

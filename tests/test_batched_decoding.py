@@ -69,7 +69,8 @@ def test_an_observer_can_stop_one_row():
 def test_ar_batches_agree_with_one_batch():
     params = random_params(4, 10.0)
     prompts = [[5], list(range(2, 15)), [63, 0, 7]]
-    together = generate_ar(params, CFG, prompts, max_new_tokens=MAX_NEW, eos_ids=[], warmup=False)
+    together = generate_ar(params, CFG, prompts, max_new_tokens=MAX_NEW, eos_ids=[], batch_size=len(prompts),
+                           warmup=False)
     pairs = generate_ar(params, CFG, prompts, max_new_tokens=MAX_NEW, eos_ids=[], batch_size=2, warmup=False)
     alone = generate_ar(params, CFG, prompts, max_new_tokens=MAX_NEW, eos_ids=[], batch_size=1, warmup=False)
     assert together.token_ids == pairs.token_ids == alone.token_ids

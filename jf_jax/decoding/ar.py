@@ -1,24 +1,23 @@
 """Autoregressive decoding, greedy or sampled (``decoding.sampling``): the baseline every speedup is measured
 against, and the ground truth of the lossless check.
 
-Two compiled programs: ``prefill`` (the whole prompt in one forward, first token out) and ``ar_loop`` (a
-``lax.while_loop`` of one-token steps that stops on EOS or max_new_tokens, with no host round trip per
-token). A batch of prompts of different lengths decodes together; each row stops on its own.
+AR is a ``BlockDecoder`` with one token per forward: the prefill forwards the whole prompt and chooses the first
+token, each step forwards every row's last token and chooses the next. So it runs on the same request loop as
+Jacobi and multi-block decoding (``runner.decode_prompts``: batching, warm-up, timing, statistics) and has the
+same two drivers (a ``lax.while_loop`` on device, or a Python loop that streams tokens).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 
-from jf_jax.decoding.common import (GenerationResult, PreparedPrompts, StopReason, batch_slices, eos_array, is_eos,
-                                    prepare_prompts, trim_outputs)
-from jf_jax.decoding.sampling import GREEDY, Sampling, choose, sampling_key
-from jf_jax.decoding.stats import prompt_stats, summarize
+from jf_jax.decoding.common import (GenerationResult, StopReason, eos_array, is_eos, prepare_prompts)
+from jf_jax.decoding.runner import BlockDecoder, OnTokens, decode_prompts, keep_if_done, per_row
+from jf_jax.decoding.sampling import GREEDY, Sampling, choose
 from jf_jax.model.config import ModelConfig
 from jf_jax.model.decode_jit import decode_jit
 from jf_jax.model.decode_view import decode_view
@@ -42,87 +41,80 @@ def prefill(params: Params, cfg: ModelConfig, tokens, lengths, capacity: int):
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class ARState:
-    """Loop state of ``ar_loop``; every field is an array."""
+    """Loop state of B prompts decoded together; every field has a leading [B] row axis (shapes below are one
+    row's), except the cache, which holds B rows."""
 
-    out: jax.Array  # [B, N] generated ids, -1 past each row's count
-    count: jax.Array  # [B] tokens generated so far
-    done: jax.Array  # [B] stopped on EOS or max_new_tokens
-    last: jax.Array  # [B] last generated token (the next step's input)
-    cache: KVCache
-    steps: jax.Array  # [] forwards run by the loop
+    out: jax.Array  # [N] generated ids, -1 past count
+    count: jax.Array  # [] tokens generated so far
+    done: jax.Array  # [] stopped on EOS or max_new (or a padding row of the batch)
+    last: jax.Array  # [] last generated token (the next step's input)
+    cache: KVCache | None  # B rows (None in a one-row view)
+    sample_key: jax.Array  # [2] sampling key (``decoding.sampling``), fixed for the prompt
+    max_new: jax.Array  # []
+    eos_ids: jax.Array  # [8] padded with -1
+    forwards: jax.Array  # [] model forwards, prefill included
+    stop: jax.Array  # [] a StopReason value
 
 
-@decode_jit(static_argnames=("cfg", "out_capacity", "sampling"), donate_argnames=("cache",))
-def ar_loop(params: Params, cfg: ModelConfig, cache: KVCache, first_logits, max_new_tokens, eos_ids,
-            out_capacity: int, sample_keys, sampling: Sampling = GREEDY) -> ARState:
-    """One-token steps until every row hit EOS or ``max_new_tokens`` (a traced scalar). Each token is chosen by
-    ``sampling.choose`` at its absolute position (``cache.lengths`` + 1 for the token after the step's input)
-    with the row's sampling key ``sample_keys`` [B, 2] (unused when greedy)."""
-    B = first_logits.shape[0]
-    rows = jnp.arange(B)
-    first = choose(sampling, first_logits, cache.lengths, sample_keys)  # the prefilled cache holds the prompt
-    out = jnp.full((B, out_capacity), -1, jnp.int32).at[:, 0].set(first)
-    count = jnp.ones((B,), jnp.int32)
-    done = is_eos(first, eos_ids) | (count >= max_new_tokens)
-    state = ARState(out=out, count=count, done=done, last=first, cache=cache, steps=jnp.zeros((), jnp.int32))
+def _stop(eos, count, max_new):
+    return jnp.where(eos, StopReason.EOS, jnp.where(count >= max_new, StopReason.MAX_NEW_TOKENS,
+                                                     StopReason.RUNNING)).astype(jnp.int32)
 
-    def step(s: ARState) -> ARState:
-        hidden, cache = forward(params, cfg, s.last[:, None], cache=s.cache)
-        nxt = choose(sampling, logits(params, cfg, hidden[:, 0]), s.cache.lengths + 1, sample_keys)
+
+@dataclasses.dataclass(frozen=True)
+class ARDecoder(BlockDecoder):
+    """AR as a block decoder of one token per forward (``block_size`` is 1)."""
+
+    @decode_jit(static_argnums=(0, 8, 9))
+    def init(self, params: Params, prompts, prompt_lens, keys, sample_keys, max_new, eos_ids, out_capacity: int,
+             capacity: int) -> ARState:
+        """The prefill and the first token (chosen at position ``prompt_len``); ``keys`` (drafts) are unused."""
+        del keys
+        B = prompts.shape[0]
+        cache, first_logits = prefill(params, self.cfg, prompts, prompt_lens, capacity)
+        first = choose(self.sampling, first_logits, cache.lengths, sample_keys)
+        eos_ids = jnp.broadcast_to(eos_ids, (B,) + eos_ids.shape)
+        max_new = per_row(max_new, B)
+        first_eos = jax.vmap(is_eos)(first, eos_ids)
+        count = jnp.ones((B,), jnp.int32)
+        stop = _stop(first_eos, count, max_new)
+        return ARState(out=jnp.full((B, out_capacity), -1, jnp.int32).at[:, 0].set(first), count=count,
+                       done=stop != StopReason.RUNNING, last=first, cache=cache, sample_key=sample_keys,
+                       max_new=max_new, eos_ids=eos_ids, forwards=jnp.ones((B,), jnp.int32), stop=stop)
+
+    def _step(self, params, s: ARState) -> ARState:
+        hidden, cache = forward(params, self.cfg, s.last[:, None], cache=s.cache)
+        nxt = choose(self.sampling, logits(params, self.cfg, hidden[:, 0]), s.cache.lengths + 1, s.sample_key)
         active = ~s.done
         cache = cache.commit(active.astype(jnp.int32))  # a finished row keeps its length: its write is dead
-        out = s.out.at[rows, s.count].set(jnp.where(active, nxt, -1), mode="drop")
-        count = s.count + active
-        done = s.done | (active & (is_eos(nxt, eos_ids) | (count >= max_new_tokens)))
-        return ARState(out=out, count=count, done=done, last=jnp.where(active, nxt, s.last), cache=cache,
-                       steps=s.steps + 1)
 
-    return jax.lax.while_loop(lambda s: ~jnp.all(s.done), step, state)
+        def row(s: ARState, nxt):
+            count = s.count + 1
+            stop = _stop(is_eos(nxt, s.eos_ids), count, s.max_new)
+            new = dataclasses.replace(s, out=s.out.at[s.count].set(nxt, mode="drop"), count=count, last=nxt,
+                                      done=stop != StopReason.RUNNING, forwards=s.forwards + 1, stop=stop)
+            return keep_if_done(s, new)
 
+        rows = jax.vmap(row)(dataclasses.replace(s, cache=None), nxt)
+        return dataclasses.replace(rows, cache=cache)
 
-def _run(params, cfg, tokens, lengths, prep: PreparedPrompts, eos, max_new_tokens: int, sample_keys,
-         sampling: Sampling):
-    start = time.perf_counter()
-    cache, first_logits = prefill(params, cfg, tokens, lengths, prep.cache_capacity)
-    first_logits.block_until_ready()
-    prefill_done = time.perf_counter()
-    state = ar_loop(params, cfg, cache, first_logits, jnp.int32(max_new_tokens), eos, prep.out_capacity,
-                    sample_keys, sampling=sampling)
-    out, count = jax.device_get((state.out, state.count))
-    end = time.perf_counter()
-    return out, count, end - start, prefill_done - start
+    def row_stats(self, host_row) -> dict:
+        return {}  # no blocks, drafts or acceptance: tokens, forwards and the stop reason say everything
 
 
 def generate_ar(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
-                eos_ids: Sequence[int], batch_size: int | None = None, warmup: bool = True,
-                sampling: Sampling = GREEDY, seed: int = 0, first_index: int = 0) -> GenerationResult:
-    """AR decoding of token-id prompts, ``batch_size`` at a time (default: all in one batch; a short last batch
-    is padded with copies of its last prompt). Greedy by default; with a ``sampling`` temperature > 0, prompt i
-    samples with ``sampling_key(seed, first_index + i)`` whatever its batch (``first_index``: where this call's
-    prompts start in a request decoded in several calls). With ``warmup`` the programs are compiled (by a
-    1-token run on the same bucketed shapes) before the timed run, so ``seconds`` excludes compilation."""
+                eos_ids: Sequence[int], batch_size: int = 1, driver: str = "compiled", warmup: bool = True,
+                sampling: Sampling = GREEDY, seed: int = 0, first_index: int = 0,
+                on_tokens: OnTokens | None = None) -> GenerationResult:
+    """AR decoding of token-id prompts, ``batch_size`` at a time (``runner.decode_prompts``: a short last batch is
+    padded with finished rows). Greedy by default; with a ``sampling`` temperature > 0, prompt i samples with
+    ``sampling_key(seed, first_index + i)`` whatever its batch (``first_index``: where this call's prompts start in
+    a request decoded in several calls). With ``warmup`` the programs are compiled first, so ``seconds`` excludes
+    compilation; ``driver="python"`` streams accepted tokens to ``on_tokens(prompt_index, ids)``."""
     prep = prepare_prompts(cfg, prompts, max_new_tokens, lookahead=1)
-    params = decode_view(params)  # the decoders' view, as jacobi and mr take it (no-op when already a view)
-    eos = eos_array(eos_ids)
-    num = len(prep.lengths)
-    B, batches = batch_slices(num, batch_size)
-    keys = jnp.stack([sampling_key(seed, first_index + i) for i in range(num)])
-    if warmup:
-        idx = batches[0][1]
-        _run(params, cfg, prep.tokens[idx], prep.lengths[idx], prep, eos, 1, keys[idx], sampling)
-    tokens, timings = [], []
-    for first, idx in batches:
-        out, count, seconds, prefill_seconds = _run(params, cfg, prep.tokens[idx], prep.lengths[idx], prep, eos,
-                                                    prep.max_new_tokens, keys[idx], sampling)
-        tokens += trim_outputs(out, count)[: num - first]
-        timings.append(dict(seconds=seconds, prefill_seconds=prefill_seconds))
-    seconds, prefill_seconds = (sum(t[k] for t in timings) for k in ("seconds", "prefill_seconds"))
-    eos_set = set(int(e) for e in eos_ids)
-    # Prompts decoded together share one wall clock: a prompt's own seconds exist only when it was alone.
-    per_prompt = [prompt_stats(tokens=len(t), forwards=len(t), stop=StopReason.EOS if t[-1] in eos_set
-                               else StopReason.MAX_NEW_TOKENS, **(timings[i] if B == 1 else {}))
-                  for i, t in enumerate(tokens)]
-    stats = dict(method="ar", batch_size=B, **sampling.describe(), seed=seed, per_prompt=per_prompt,
-                 total=summarize(per_prompt, seconds=seconds, prefill_seconds=prefill_seconds))
-    return GenerationResult(token_ids=tokens, forwards=[p["forwards"] for p in per_prompt], seconds=seconds,
-                            prefill_seconds=prefill_seconds, stats=stats)
+    decoder = ARDecoder(cfg, 1, sampling=sampling)
+    result = decode_prompts(decoder, decode_view(params), prep, eos_array(eos_ids), seed=seed, batch_size=batch_size,
+                            driver=driver, warmup=warmup, on_tokens=on_tokens, first_index=first_index)
+    result.stats.pop("block_size")
+    result.stats["method"] = "ar"
+    return result

@@ -81,6 +81,12 @@ class BlockDecoder:
         """Method-specific counters of a finished row (``row_view`` of a host state) for the statistics."""
         return {}
 
+    def row_stats(self, host_row) -> dict:
+        """A finished row's block statistics (``decoding.stats.prompt_stats`` arguments beyond tokens, forwards and
+        the stop reason)."""
+        return dict(block_iters=host_row.block_iters, accept_hist=host_row.accept_hist,
+                    counters=self.counters(host_row))
+
     @decode_jit(static_argnums=0, donate_argnums=2)
     def step(self, params, state):
         """One iteration (one forward of every row)."""
@@ -174,8 +180,8 @@ def decode_prompts(decoder: BlockDecoder, params, prep: PreparedPrompts, eos_ids
         for row in range(min(B, num - first)):
             r = row_view(host, row)
             token_ids.append(r.out[: int(r.count)].tolist())
-            per_prompt.append(prompt_stats(tokens=r.count, forwards=r.forwards, stop=r.stop, block_iters=r.block_iters,
-                                           accept_hist=r.accept_hist, counters=decoder.counters(r), **timing))
+            per_prompt.append(prompt_stats(tokens=r.count, forwards=r.forwards, stop=r.stop, **decoder.row_stats(r),
+                                           **timing))
     # Alone, each prompt carries its own seconds (summed, with their median); batched, the batches' wall clocks.
     total = summarize(per_prompt) if B == 1 else summarize(per_prompt, seconds=seconds,
                                                              prefill_seconds=prefill_seconds)

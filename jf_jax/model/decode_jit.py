@@ -50,6 +50,10 @@ def decode_jit(fun=None, **jit_kwargs):
 
     @functools.wraps(fun)
     def run(*args, **kwargs):
+        if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs))):
+            # Called while another program is traced: JAX takes compiler options only at the top level, and
+            # the enclosing program's options are the ones that apply.
+            return for_backend("nested")(*args, **kwargs)
         return for_backend(jax.default_backend())(*args, **kwargs)
 
     run.program = lambda: for_backend(jax.default_backend())
