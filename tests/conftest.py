@@ -9,6 +9,7 @@ the fixtures here are the ones several test modules share.
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import tempfile
@@ -33,8 +34,25 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs",
                   float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
 if jax.default_backend() == "gpu":
     # The float32 tolerances here are float32 arithmetic's; JAX's default on an Ampere-or-later GPU is TF32
-    # (~1e-3 relative), which failed test_cached_attention on an H100 (experiments/results/gpu/README.md).
+    # (~1e-3 relative), which failed test_cached_attention on an H100 (results/studies/gpu_h100/README.md).
     jax.config.update("jax_default_matmul_precision", "float32")
+
+
+def require(module_name: str, reason: str | None = None):
+    """The imported module ``module_name``, for a test dependency (torch, transformers, nbclient, ...).
+
+    On a developer machine a missing module skips the calling test module (or test) with a reason, as
+    ``pytest.importorskip`` does. Under CI (``CI=true``, which CI sets) it fails instead: a missing test dependency
+    must not turn the parity tests into silent skips. Use it wherever ``pytest.importorskip`` would go.
+    """
+    if os.environ.get("CI") != "true":
+        return pytest.importorskip(module_name, reason=reason)
+    try:
+        return importlib.import_module(module_name)
+    except ImportError as e:
+        error = e
+    pytest.fail(f"test dependency {module_name!r} cannot be imported and CI=true, so this is a failure, not a skip "
+                f"(install the test extras: pip install -e '.[test]'): {error}", pytrace=False)
 
 
 SLOW_FILES_FIRST = ("test_notebooks.py", "test_real_smollm2_decoding.py", "test_cached_attention.py", "test_cli.py",

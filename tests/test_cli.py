@@ -8,6 +8,9 @@ import sys
 import pytest
 
 from jf_jax.cli import decode
+from jf_jax.decoding.common import MAX_BATCH_SIZE, MAX_SEED
+from jf_jax.decoding.multiblock import MAX_NUM_BLOCKS, MAX_POOL_SIZE
+from jf_jax.decoding.runner import MAX_BLOCK_SIZE
 from jf_jax.weights import store
 
 RUN_KEYS = {"method", "prompt_index", "prompt", "token_ids", "text", "new_tokens", "forwards", "batch_size", "seconds",
@@ -97,7 +100,7 @@ def test_sampled_tokens_are_equal_across_methods_and_batching(tiny_gguf, tmp_pat
     (["--top-k", "5"], "only apply when sampling"),
     (["--temperature", "-1"], "temperature must be a finite number >= 0"),
     (["--temperature", "1", "--top-p", "0"], "top_p must be a number in (0, 1]"),
-    (["--batch-size", "0"], "--batch-size must be positive"),
+    (["--batch-size", "0"], f"--batch-size must be an integer in [1, {MAX_BATCH_SIZE}], got 0"),
     (["--batch-size", "2", "--stream"], "--stream prints one prompt at a time"),
     (["--model", "/nonexistent/model.gguf"], "no such model name, file or directory"),
     (["--methods", "ar,warp"], "unknown method(s) warp"),
@@ -111,6 +114,140 @@ def test_bad_input_is_one_clear_line(tiny_gguf, args, message, capsys):
     assert decode.main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: ") and message in err[-1]
+
+
+@pytest.fixture
+def no_loading(monkeypatch):
+    """Loading a model (to decode, or to --tune) fails the test: what it checks must be refused before that."""
+    from jf_jax import api
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded before the options were checked")
+
+    monkeypatch.setattr(api, "load_model", refuse)
+    monkeypatch.setattr(api, "tune", refuse)
+
+
+def cases(*pairs):
+    """pytest params (args, message) named by their arguments."""
+    return [pytest.param(args, message, id=" ".join(args)) for args, message in pairs]
+
+
+# The limits are the decoders' own (each bad value would be refused by generate_jacobi / generate_mr / the seed
+# and batch checks, but only after loading the model and decoding every prompt with the earlier methods).
+@pytest.mark.parametrize("args, message", cases(
+    (["--methods", "ar,jacobi", "--block-size", "0"],
+     f"--block-size must be an integer in [1, {MAX_BLOCK_SIZE}], got 0"),
+    (["--methods", "ar,mr", "--block-size", str(MAX_BLOCK_SIZE + 1)],
+     f"--block-size must be an integer in [1, {MAX_BLOCK_SIZE}], got {MAX_BLOCK_SIZE + 1}"),
+    (["--methods", "ar,mr", "--num-blocks", "0"], f"--num-blocks must be an integer in [1, {MAX_NUM_BLOCKS}], got 0"),
+    (["--methods", "ar,mr", "--num-blocks", str(MAX_NUM_BLOCKS + 1)],
+     f"--num-blocks must be an integer in [1, {MAX_NUM_BLOCKS}], got {MAX_NUM_BLOCKS + 1}"),
+    (["--methods", "ar,mr", "--pool-size", "0"], f"--pool-size must be an integer in [1, {MAX_POOL_SIZE}], got 0"),
+    (["--methods", "ar,mr", "--pool-size", str(MAX_POOL_SIZE + 1)],
+     f"--pool-size must be an integer in [1, {MAX_POOL_SIZE}], got {MAX_POOL_SIZE + 1}"),
+    (["--methods", "ar,mr", "--spawn-ratio", "0"], "--spawn-ratio must be a number in (0, 1], got 0.0"),
+    (["--methods", "ar,mr", "--spawn-ratio", "1.5"], "--spawn-ratio must be a number in (0, 1], got 1.5"),
+    (["--methods", "ar,mr", "--spawn-ratio", "nan"], "--spawn-ratio must be a number in (0, 1], got nan"),
+    (["--seed", "-1"], f"--seed must be an integer in [0, {MAX_SEED}], got -1"),
+    (["--seed", str(MAX_SEED + 1)], f"--seed must be an integer in [0, {MAX_SEED}], got {MAX_SEED + 1}"),
+    (["--batch-size", str(MAX_BATCH_SIZE + 1)],
+     f"--batch-size must be an integer in [1, {MAX_BATCH_SIZE}], got {MAX_BATCH_SIZE + 1}"),
+    (["--batch-size", "-3"], f"--batch-size must be an integer in [1, {MAX_BATCH_SIZE}], got -3"),
+    (["--max-new-tokens", "-5"], "--max-new-tokens must be positive, got -5"),
+    (["--temperature", "inf"], "temperature must be a finite number >= 0"),
+    (["--temperature", "1", "--top-k", "-1"], "top_k must be an integer in [0, "),
+    (["--temperature", "1", "--top-p", "1.5"], "top_p must be a number in (0, 1]"),
+    (["--tune", "--num-blocks", "0"], f"--num-blocks must be an integer in [1, {MAX_NUM_BLOCKS}], got 0"),
+    (["--tune", "--spawn-ratio", "2"], "--spawn-ratio must be a number in (0, 1], got 2.0"),
+    (["--tune", "--seed", "-1"], f"--seed must be an integer in [0, {MAX_SEED}], got -1"),
+))
+def test_bad_option_is_refused_before_loading(args, message, no_loading, capsys):
+    assert decode.main(["--model", "/nonexistent/model.gguf", *args]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {message}")
+
+
+@pytest.mark.parametrize("args, message", cases(
+    (["--methods", "ar", "--num-blocks", "2"], "--methods ar does not use --num-blocks (only mr)"),
+    (["--methods", "ar,jacobi", "--pool-size", "2", "--spawn-ratio", "0.5"],
+     "--methods ar,jacobi does not use --pool-size (only mr), --spawn-ratio (only mr)"),
+    (["--pool-size", "2"], f"--methods {decode.DEFAULTS['methods']} does not use --pool-size (only mr)"),
+    (["--methods", "ar", "--block-size", "4"], "--methods ar does not use --block-size (only jacobi/mr)"),
+    (["--methods", "ar", "--stream"], "--methods ar does not use --stream (only jacobi/mr)"),
+    (["--tune", "--block-size", "16"], "--tune does not use --block-size"),
+    (["--tune", "--methods", "mr", "--temperature", "0.5"], "--tune does not use --methods, --temperature"),
+    (["--tune-out", "somewhere"], "--tune-out is only read by --tune and by --block-size/--pool-size tuned"),
+))
+def test_option_the_run_would_ignore_is_refused(args, message, no_loading, capsys):
+    assert decode.main(["--model", "/nonexistent/model.gguf", *args]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {message}")
+
+
+@pytest.mark.parametrize("args", [
+    [],
+    ["--methods", "ar", "--seed", "3", "--temperature", "0.5", "--top-k", "4"],
+    ["--methods", "mr", "--block-size", str(MAX_BLOCK_SIZE), "--num-blocks", str(MAX_NUM_BLOCKS), "--pool-size",
+     str(MAX_POOL_SIZE), "--spawn-ratio", "1", "--seed", str(MAX_SEED), "--batch-size", str(MAX_BATCH_SIZE)],
+    ["--methods", "jacobi", "--block-size", "tuned", "--tune-out", "somewhere"],
+    ["--tune", "--num-blocks", "1", "--spawn-ratio", "0.5", "--seed", "0", "--tune-out", "somewhere"],
+], ids=lambda args: " ".join(args) or "defaults")
+def test_options_within_the_limits_pass_and_defaults_are_filled_in(args):
+    parsed = decode.build_parser().parse_args(args)
+    decode.check_args(parsed)
+    for name, default in decode.DEFAULTS.items():
+        assert getattr(parsed, name) is not None
+        if decode.flag(name) not in args:
+            assert getattr(parsed, name) == default
+
+
+def test_defaults_reach_only_the_methods_that_use_them(monkeypatch):
+    """Without the mr options the default run is not bothered; the CLI block size goes to jacobi, not to ar."""
+    from jf_jax import api
+
+    calls = []
+
+    def generate(model, prompts, *, method, **options):
+        calls.append((method, {k: v for k, v in options.items() if k not in ("chat", "first_index")}))
+        return [api.Completion(method=method, prompt=p, token_ids=[1], text="x", forwards=1, seconds=1.0,
+                               prefill_seconds=0.5, stats=dict(tokens=1, forwards=1, seconds=1.0, prefill_seconds=0.5),
+                               settings={}) for p in prompts]
+
+    monkeypatch.setattr(api, "load_model", lambda spec, dtype: type("Model", (), {"name": spec}))
+    monkeypatch.setattr(api, "generate", generate)
+    assert decode.main(["--model", "fake", "--prompt", "abc"]) == 0
+    tokens = decode.DEFAULTS["max_new_tokens"]
+    assert calls == [("ar", dict(max_new_tokens=tokens)),
+                     ("jacobi", dict(max_new_tokens=tokens, block_size=decode.CLI_BLOCK_SIZE))]
+
+
+def test_tuned_sizes_are_checked_before_loading(tmp_path, no_loading, capsys):
+    (tmp_path / "tuned.json").write_text(json.dumps({"devices": {"cpu": {"block_size": MAX_BLOCK_SIZE + 1,
+                                                                          "pool_size": 1}}}))
+    assert decode.main(["--model", "/nonexistent/model.gguf", "--methods", "mr", "--block-size", "tuned",
+                        "--tune-out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1] == f"error: --block-size must be an integer in [1, {MAX_BLOCK_SIZE}], got {MAX_BLOCK_SIZE + 1}"
+    assert not any(line.startswith("loading") for line in err)
+
+
+def test_unparsable_block_size_names_the_option(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        decode.main(["--block-size", "big"])
+    assert exit_.value.code == 2
+    assert "argument --block-size: expected an integer or 'tuned', got 'big'" in capsys.readouterr().err
+
+
+def test_module_entry_point_refuses_an_unused_option_at_once(tmp_path):
+    """Through ``python -m jf_jax.decode``: exit status 2 and a single stderr line (no "loading ..." before it)."""
+    proc = subprocess.run([sys.executable, "-m", "jf_jax.decode", "--model", "/nonexistent/model.gguf", "--methods",
+                           "ar,jacobi",
+                           "--num-blocks", "2"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, store.CACHE_ENV: str(tmp_path / "c")})
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == ["error: --methods ar,jacobi does not use --num-blocks (only mr): drop the "
+                                        "option or add its method"]
 
 
 def test_malformed_jsonl_names_the_line(tiny_gguf, tmp_path, capsys):

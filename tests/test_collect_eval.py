@@ -66,6 +66,33 @@ def test_collect_cli_names_a_bad_model_without_a_traceback(tmp_path, capsys):
     assert err.startswith("error: unknown model") and "Traceback" not in err
 
 
+def _no_model(*args, **kwargs):
+    raise AssertionError("a model was loaded before the output path was checked")
+
+
+def test_collect_cli_refuses_an_unwritable_out_before_loading_a_model(tmp_path, monkeypatch, capsys):
+    import jf_jax.api
+    from jf_jax.cli.collect import main
+
+    monkeypatch.setattr(jf_jax.api, "load_model", _no_model)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps(ROWS[0]) + "\n")
+    out = prompts / "traj"  # under a regular file: no one can create it, root included
+    assert main(["--model", "smollm2-135m", "--prompts", str(prompts), "--out", str(out)]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"error: cannot write --out {out}: {prompts} is not a directory"]
+    assert main(["--model", "smollm2-135m", "--prompts", str(prompts), "--out", str(prompts)]) == 2  # a file itself
+    assert f"{prompts} is not a directory" in capsys.readouterr().err
+
+
+def test_output_dir_check_creates_the_directory_and_leaves_nothing_in_it(tmp_path):
+    from jf_jax.cli.collect import output_dir_error
+
+    target = tmp_path / "new" / "deeper"
+    assert output_dir_error(str(target)) is None
+    assert target.is_dir() and os.listdir(target) == []
+    assert output_dir_error(str(target)) is None  # an existing directory (a run or a collection to resume)
+
+
 def test_collect_writes_resumable_trajectories(tmp_path):
     from jf_jax.cli.collect import run_collect
 
@@ -122,6 +149,23 @@ def test_evaluate_model_and_markdown(tmp_path):
     md = markdown([res], dict(block_size=4, max_new_tokens=8))
     assert speed["ar"]["speedup"] == 1.0 and speed["mr n=4"]["speedup"] > 0
     assert "| tiny | held | mr n=4 |" in md and "GSM held-out" in md
+
+
+def test_evaluate_cli_refuses_an_unwritable_out_before_loading_a_model(tmp_path, monkeypatch, capsys):
+    import jf_jax.api
+    from jf_jax.cli.evaluate import main, out_error
+
+    monkeypatch.setattr(jf_jax.api, "load_model", _no_model)
+    prompts = tmp_path / "held.jsonl"
+    prompts.write_text(json.dumps(ROWS[0]) + "\n")
+    out = prompts / "results" / "eval"  # OUT.json / OUT.md under a regular file
+    args = ["--model", "smollm2-135m", "--prompts", str(prompts), "--math", str(prompts), "--out"]
+    assert main(args + [str(out)]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"error: cannot write --out {out}: {prompts} is not a directory"]
+    (tmp_path / "eval.json").mkdir()  # OUT.json taken by a directory
+    assert main(args + [str(tmp_path / "eval")]) == 2
+    assert f"{tmp_path / 'eval.json'} is a directory" in capsys.readouterr().err
+    assert out_error(str(tmp_path / "reports" / "eval")) is None and os.listdir(tmp_path / "reports") == []
 
 
 def test_humaneval_answer_nll_scores_the_solution_tokens_and_ignores_padding():

@@ -12,10 +12,11 @@ from jf_jax.cli import export as export_cli
 from jf_jax.model.transformer import forward_logits
 from jf_jax.weights.hf_export import export_hf
 from jf_jax.weights.hf_names import WeightsError
+from tests.conftest import require
 from tests.support.hf_models import jax_twin, make_hf_model
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+torch = require("torch")
+transformers = require("transformers")
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,9 @@ import sys
 import nbformat
 import pytest
 
-nbclient = pytest.importorskip("nbclient")
+from tests.conftest import require
+
+nbclient = require("nbclient")
 pytestmark = pytest.mark.slow  # each loads SmolLM2-135M and compiles its decoders (~2-4 min)
 
 NOTEBOOKS = pathlib.Path(__file__).resolve().parent.parent / "notebooks"

@@ -16,9 +16,10 @@ import pytest
 from jf_jax import weights
 from jf_jax.model.transformer import forward_logits
 from jf_jax.weights import store
+from tests.conftest import require
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+torch = require("torch")
+transformers = require("transformers")
 pytestmark = pytest.mark.slow  # ~1 min: reads and dequantizes a 135M-parameter GGUF twice
 
 PROMPTS = [

@@ -11,8 +11,9 @@ from jf_jax.training.synthetic import SyntheticRecorder, make_prompts
 from jf_jax.training.tfds_data import (ShardedOrder, build_prompts, build_trajectories, prompt_source, to_record,
                                        trajectory_source)
 from jf_jax.training.trajectories import collect, iter_records
+from tests.conftest import require
 
-pytest.importorskip("tensorflow_datasets")
+require("tensorflow_datasets")
 N = 4
 
 

@@ -11,6 +11,7 @@ import pytest
 from jf_jax.weights.tokenizer import Tokenizer, TokenizerError
 from jf_jax.weights.embedded import smollm2_gguf_path
 from jf_jax.weights.gguf import open_gguf, read_metadata
+from tests.conftest import require
 
 _CHARS = "abcdefghijklmnopqrstuvwxyzĠ0123456789"
 TINY = {
@@ -103,6 +104,25 @@ TEXTS = [
 ]
 
 
+# tests.conftest.require guards this file's transformers comparisons (and every test dependency of the suite); its
+# own check sits here, in a module that needs no optional dependency, so it runs wherever the suite does.
+def test_require_fails_under_ci_and_skips_elsewhere(monkeypatch):
+    missing = "jf_jax_no_such_test_dependency"
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match=rf"'{missing}' cannot be imported and CI=true") as e:
+        require(missing)
+    assert not isinstance(e.value, pytest.skip.Exception)
+    assert require("json") is json
+    for ci in ("false", None):
+        if ci is None:
+            monkeypatch.delenv("CI")
+        else:
+            monkeypatch.setenv("CI", ci)
+        with pytest.raises(pytest.skip.Exception, match=missing):
+            require(missing)
+        assert require("json") is json
+
+
 @pytest.fixture(scope="module")
 def smollm2():
     path = smollm2_gguf_path()
@@ -111,8 +131,8 @@ def smollm2():
 
 @pytest.fixture(scope="module")
 def hf_smollm2(smollm2):
-    pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    require("torch")
+    transformers = require("transformers")
     import os
 
     path, _ = smollm2

@@ -202,3 +202,71 @@ def test_step_log_reports_the_first_step_then_rates(monkeypatch, capsys):
     assert "step 1/4" in lines[0] and "first step in 30.0s" in lines[0]
     assert "step 3/4" in lines[1] and "0.03 steps/s" in lines[1]  # 2 steps in 65 s after the first
     assert "step 4/4" in lines[2] and "loss/total 0.2500" in lines[2]  # the last step is always logged
+
+
+def _mixed_length_data(tmp_path) -> list[str]:
+    """Overrides training on 32 synthetic responses: 30 of 3 blocks (32 tokens packed), 2 of 4 blocks (40 tokens),
+    with one length bucket of 32 tokens: the two long ones (6.25%) do not fit."""
+    from jf_jax.training.synthetic import SyntheticRecorder, make_prompts
+    from jf_jax.training.trajectories import collect
+
+    dirs = []
+    for name, count, blocks, seed in (("short", 30, 3, 0), ("long", 2, 4, 1)):
+        dirs.append(str(tmp_path / name))
+        collect(make_prompts(count, 8, 64, seed=seed), SyntheticRecorder(4, blocks, 64), dirs[-1], block_size=4,
+                progress=False)
+    return ["data.source=trajectories", f"data.path=[{dirs[0]},{dirs[1]}]", "data.buckets=[32]", "train.steps=2",
+            "train.ckpt_every=2"]
+
+
+def test_too_long_sequences_are_reported_and_refused_above_their_share(tmp_path, monkeypatch, capsys):
+    from jf_jax.cli import train as train_cli
+
+    data = _mixed_length_data(tmp_path)
+    real = train_loop.make_train_step
+
+    def no_step(*args, **kwargs):
+        raise AssertionError("refused data must stop the run before the train step is built")
+
+    monkeypatch.setattr(train_loop, "make_train_step", no_step)
+    run = str(tmp_path / "run")
+    with pytest.raises(train_loop.DroppedSequencesError) as refused:
+        run_training(load_config(TINY_YAML, data), run, progress=False)  # default data.max_dropped_share: 1%
+    message = str(refused.value)
+    assert f"2 of 32 training sequences ({2 / 32:.1%})" in message
+    assert "largest length bucket, 32 tokens" in message and "the longest sequence has 40 tokens" in message
+    assert "data.buckets=[32, 40]" in message and "raise data.max_dropped_share" in message
+    assert not os.path.exists(os.path.join(run, rd.CHECKPOINT_DIR))
+    assert not os.path.exists(os.path.join(run, rd.CONFIG_FILE))  # so the run can start again with other data keys
+    assert train_cli.main([TINY_YAML, "--run-dir", run, "--no-progress", *data]) == 2  # one line, no traceback
+    err = capsys.readouterr().err
+    assert err.startswith("error: 2 of 32 training sequences") and len(err.splitlines()) == 1, err
+
+    monkeypatch.setattr(train_loop, "make_train_step", real)
+    allowed = load_config(TINY_YAML, data + ["data.max_dropped_share=0.1"])
+    result = run_training(allowed, run, progress=False)
+    assert (result.step, result.num_sequences, result.num_dropped) == (2, 30, 2)
+    assert (f"30 training sequences; 2 ({2 / 32:.1%}) longer than the largest length bucket (32 tokens) left out"
+            in capsys.readouterr().out)
+    # The share changes nothing a run computes: resuming with another one is allowed (and recorded), other keys not.
+    assert run_training(load_config(TINY_YAML, data + ["data.max_dropped_share=0.5"]), run, progress=False).step == 2
+    assert load_config(os.path.join(run, rd.CONFIG_FILE)).data.max_dropped_share == 0.5
+    with pytest.raises(ConfigKeyError, match="different config"):
+        run_training(load_config(TINY_YAML, data + ["data.buckets=[32,40]"]), run, progress=False)
+
+
+def test_train_cli_refuses_an_unwritable_run_dir_before_any_work(tmp_path, monkeypatch, capsys):
+    from jf_jax.cli import train as train_cli
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("training started")
+
+    monkeypatch.setattr(train_cli, "run_training", no_training)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory\n")
+    run = str(blocker / "runs" / "tiny")
+    assert train_cli.main([TINY_YAML, "--run-dir", run]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: cannot write the run directory {run}: {blocker} is not a directory"]
+    assert train_cli.main([TINY_YAML, "--run-dir", str(blocker)]) == 2  # the run dir itself is a file
+    assert f"{blocker} is not a directory" in capsys.readouterr().err

@@ -4,6 +4,7 @@ The GGUF files are written here the way llama.cpp's converter writes them (GGUF 
 for llama, optionally quantized), so the loader is checked against an independent writer, not itself.
 """
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -22,9 +23,10 @@ from jf_jax.model.transformer import forward_logits
 from jf_jax.weights.tokenizer import Tokenizer
 from jf_jax.weights import store
 from jf_jax.weights.gguf import load_gguf
+from tests.conftest import require
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+torch = require("torch")
+transformers = require("transformers")
 
 from tests.support.gguf_models import TEMPLATE, TOKEN_TYPES, TOKENS, VOCAB, tiny_model, write_gguf  # noqa: E402
 
@@ -151,6 +153,82 @@ def test_gguf_content_errors(tmp_path):
     with pytest.raises(WeightsError, match=r"model\.layers\.0\.self_attn\.v_proj\.weight has shape \(64, 64\)"):
         weights.load(write_gguf(tmp_path / "shape.gguf", model,
                                 reshape={"blk.0.attn_v.weight": lambda w: np.concatenate([w, w])}), cache=False)
+
+
+LINEAR4 = dict(rope_type="linear", factor=4.0)
+YARN = dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=1024, beta_fast=8.0, beta_slow=4.0)
+ROPE_CASES = {  # name: (HF rope_scaling, the GGUF metadata llama.cpp's converter / loader give it)
+    "linear": (LINEAR4, {"rope.scaling.type": "linear", "rope.scaling.factor": 4.0}),
+    "linear-by-default": (LINEAR4, {"rope.scaling.factor": 4.0}),  # llama.cpp's type when none is given
+    "legacy-scale-linear": (LINEAR4, {"rope.scale_linear": 4.0}),  # the factor's old key name
+    "yarn-betas": (YARN, {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
+                          "rope.scaling.original_context_length": 1024, "rope.scaling.yarn_beta_fast": 8.0,
+                          "rope.scaling.yarn_beta_slow": 4.0}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ROPE_CASES))
+def test_gguf_rope_scaling_matches_torch(tmp_path, case):
+    hf_scaling, metadata = ROPE_CASES[case]
+    model = tiny_model("llama", seed=4, rope_scaling=dict(hf_scaling), max_position_embeddings=4096)
+    loaded = weights.load(write_gguf(tmp_path / "rope.gguf", model, metadata=metadata), cache=False)
+    s = loaded.cfg.rope_scaling
+    assert (s.rope_type, s.factor) == (hf_scaling["rope_type"], 4.0)
+    assert_logits_match(model, loaded)
+
+    def with_scaling(scaling):
+        return dataclasses.replace(loaded, cfg=dataclasses.replace(loaded.cfg, rope_scaling=scaling))
+
+    with pytest.raises(AssertionError):  # the check above sees the scaling dropped...
+        assert_logits_match(model, with_scaling(None))
+    if case == "yarn-betas":  # ...and the betas ignored
+        assert (s.beta_fast, s.beta_slow, s.original_max_position_embeddings) == (8.0, 4.0, 1024)
+        with pytest.raises(AssertionError):
+            assert_logits_match(model, with_scaling(dataclasses.replace(s, beta_fast=32.0, beta_slow=1.0)))
+
+
+def test_gguf_unapplied_rope_scaling_is_refused_before_conversion(tmp_path, monkeypatch):
+    import jf_jax.weights.gguf as gguf_loader
+
+    def no_conversion(*a, **k):
+        raise AssertionError("tensors converted before the metadata was checked")
+
+    monkeypatch.setattr(gguf_loader, "hf_tensors", no_conversion)
+    model = tiny_model("llama")
+    linear = {"rope.scaling.type": "linear", "rope.scaling.factor": 2.0}
+    yarn = {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0, "rope.scaling.original_context_length": 32}
+    cases = {  # file: (metadata, keys the error must name)
+        "attn.gguf": ({**linear, "rope.scaling.attn_factor": 2.0, "rope.scaling.yarn_beta_fast": 16.0},
+                      ["llama.rope.scaling.attn_factor=2.0", "llama.rope.scaling.yarn_beta_fast=16.0"]),
+        "yarnattn.gguf": ({**yarn, "rope.scaling.yarn_attn_factor": 1.0, "rope.scaling.yarn_log_multiplier": 0.1},
+                          ["llama.rope.scaling.yarn_attn_factor=1.0", "llama.rope.scaling.yarn_log_multiplier="]),
+        "ext.gguf": ({**linear, "rope.scaling.yarn_ext_factor": 1.0}, ["llama.rope.scaling.yarn_ext_factor=1.0"]),
+        "alpha.gguf": ({"rope.scaling.alpha": 1000.0}, ["llama.rope.scaling.alpha=1000.0"]),
+        "future.gguf": ({**yarn, "rope.scaling.mystery": 3}, ["llama.rope.scaling.mystery=3"]),
+    }
+    for name, (metadata, keys) in cases.items():
+        with pytest.raises(ValueError, match=r"RoPE scaling metadata jf-jax does not apply") as e:
+            weights.load(write_gguf(tmp_path / name, model, metadata=metadata), cache=False)
+        assert isinstance(e.value, ConfigError) and str(tmp_path / name) in str(e.value)
+        for key in keys:
+            assert key in str(e.value), (name, key, str(e.value))
+    with pytest.raises(ConfigError, match=r"lr\.gguf: llama\.rope\.scaling\.type 'longrope' is not supported"):
+        weights.load(write_gguf(tmp_path / "lr.gguf", model, metadata={"rope.scaling.type": "longrope"}), cache=False)
+
+
+def test_gguf_neutral_rope_scaling_values_load(tmp_path):
+    """The values llama.cpp's own defaults (and its model saver) write change nothing: accepted silently."""
+    model = tiny_model("llama", seed=5)
+    neutral = {"rope.scaling.type": "none", "rope.scaling.factor": 4.0, "rope.scaling.attn_factor": 1.0,
+               "rope.scaling.original_context_length": 64, "rope.scaling.finetuned": False,
+               "rope.scaling.yarn_log_multiplier": 0.0, "rope.scaling.yarn_ext_factor": -1.0,
+               "rope.scaling.yarn_attn_factor": 1.0, "rope.scaling.yarn_beta_fast": 32.0,
+               "rope.scaling.yarn_beta_slow": 1.0, "rope.scaling.alpha": 1.0}
+    loaded = weights.load(write_gguf(tmp_path / "neutral.gguf", model, metadata=neutral), cache=False)
+    assert loaded.cfg.rope_scaling is None
+    assert_logits_match(model, loaded)
+    linear1 = {"rope.scaling.type": "linear", "rope.scaling.factor": 0.0, "rope.scaling.attn_factor": 1.0}
+    assert weights.load(write_gguf(tmp_path / "l1.gguf", model, metadata=linear1), cache=False).cfg.rope_scaling is None
 
 
 def test_hf_dir_errors(tmp_path):

@@ -17,10 +17,33 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import sys
+import tempfile
 import time
 
 from jf_jax.data.build import read_jsonl
+
+
+def output_dir_error(directory: str) -> str | None:
+    """Why files could not be written in ``directory``, or None when they can: the pipeline commands (collect,
+    train, evaluate) ask before any work, so that a bad output path fails at once, not after hours. Creates the
+    directory (and its parents) when it is missing, as the command would, then creates and removes a temporary
+    file in it."""
+    path = os.path.abspath(directory)
+    existing = path
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        return f"{existing} is not a directory"
+    try:
+        os.makedirs(path, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".jf_jax_write_check_", dir=path)
+        os.close(fd)
+        os.remove(probe)
+    except OSError as e:
+        return f"{e.strerror or e}" + (f" ({e.filename})" if e.filename else "")
+    return None
 
 
 def select_prompts(rows: list[dict], domains: str | None, limit: int | None, offset: int = 0) -> list[dict]:
@@ -62,7 +85,8 @@ def run_collect(model, rows: list[dict], out: str, *, block_size: int, max_new_t
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="jf-jax collect", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="jf-jax collect", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m", help="weights spec or training RUN_DIR")
     p.add_argument("--prompts", required=True, help="JSONL with a 'prompt' field (python -m jf_jax.prompts)")
     p.add_argument("--out", required=True, help="trajectory directory (resumed if it exists)")
@@ -80,13 +104,17 @@ def main(argv=None) -> int:
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="decode dtype of the recording model: bfloat16 records the bf16 model's own trajectories "
-                        "(its greedy fixed points) ~2.3x faster on an AVX512-BF16 CPU (experiments/results/"
-                        "bench_engine.md); float32, the reference, by default")
+                        "(its greedy fixed points) ~2.3x faster on an AVX512-BF16 CPU (results/studies/"
+                        "decode_engine_speed/bench_engine.md); float32, the reference, by default")
     p.add_argument("--tfds", action="store_true",
                    help="also write the finished collection as a tensorflow-datasets array_record dataset in OUT/tfds "
                         "(jf_jax.training.tfds_data: random access, no TensorFlow)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
+    problem = output_dir_error(args.out)
+    if problem:
+        print(f"error: cannot write --out {args.out}: {problem}", file=sys.stderr)
+        return 2
 
     from jf_jax.api import load_model
     from jf_jax.training.trajectories import TrajectoryFormatError

@@ -18,33 +18,43 @@ from jf_jax.decoding import stats
 STREAMING_METHODS = ("jacobi", "mr")
 
 # Which CLI options each method takes (the rest of the methods ignore them).
-CLI_BLOCK_SIZE = 8  # experiments/results/bench_engine.md; the paper's 64 is a GPU setting
+CLI_BLOCK_SIZE = 8  # results/studies/decode_engine_speed/bench_engine.md; the paper's 64 is a GPU setting
 SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "seed")
 METHOD_OPTIONS = {
     "ar": SAMPLING_OPTIONS,
     "jacobi": ("block_size",) + SAMPLING_OPTIONS,
     "mr": ("block_size", "num_blocks", "spawn_ratio", "pool_size") + SAMPLING_OPTIONS,
 }
+# The defaults of the options that only some runs use: the parser's defaults are None, so that ``check_args`` can
+# refuse an option given for a run that would ignore it, and fills these in afterwards.
+DEFAULTS = dict(methods="ar,jacobi", max_new_tokens=128, block_size=CLI_BLOCK_SIZE, batch_size=1)
+# The options a decoding run reads and ``--tune`` does not (it passes only --num-blocks, --spawn-ratio and --seed
+# to the tuner's grid).
+DECODE_ONLY_OPTIONS = ("methods", "max_new_tokens", "block_size", "pool_size", "batch_size", "temperature", "top_k",
+                       "top_p", "stream", "json")
+TUNE_GRID_OPTIONS = ("num_blocks", "spawn_ratio", "seed")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m jf_jax.decode", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="jf-jax decode", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m",
                    help="smollm2-135m (embedded default), a Hugging Face directory, a .gguf file, "
                    "or a training run directory")
     p.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
     p.add_argument("--prompts", type=Path, help=".jsonl file with a 'prompt' field per line, or .txt, one per line")
-    p.add_argument("--methods", default="ar,jacobi", help="comma list of decoding methods, e.g. ar,jacobi,mr")
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--methods", help=f"comma list of decoding methods, e.g. ar,jacobi,mr (default "
+                   f"{DEFAULTS['methods']})")
+    p.add_argument("--max-new-tokens", type=int, help=f"default {DEFAULTS['max_new_tokens']}")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "int8"), default="bfloat16",
                    help="bfloat16 (default: ~3x float32's AR speed here, and jacobi/mr equal its own AR token for "
                         "token), float32 (the reference) or int8 (W8A8 matmuls: a lossy approximation of the model, "
                         "decoded losslessly against its own int8 AR)")
     p.add_argument("--no-chat", action="store_true", help="do not apply the model's chat template")
     p.add_argument("--json", type=Path, help="write the runs and summary as JSON to this path")
-    p.add_argument("--block-size", type=_int_or_tuned, default=CLI_BLOCK_SIZE,
-                   help=f"Jacobi block size n (default {CLI_BLOCK_SIZE}: on a 2-core CPU an 8-token forward costs "
-                        "1.3x a one-token step, a 16-token one 1.9x), or 'tuned': this device's --tune choice")
+    p.add_argument("--block-size", type=_int_or_tuned,
+                   help=f"Jacobi block size n (default {CLI_BLOCK_SIZE}: in bf16 on a 2-core AVX-512 CPU an 8-token "
+                        "forward costs 1.47x a one-token step, a 16-token one 2.04x; results/studies/"
+                        "decode_engine_speed), or 'tuned': this device's --tune choice")
     p.add_argument("--num-blocks", type=int, help="mr: blocks in flight K")
     p.add_argument("--spawn-ratio", type=float, help="mr: accepted fraction of the active block that spawns the next")
     p.add_argument("--pool-size", type=_int_or_tuned, help="mr: rejection-recycling verification size, or 'tuned'")
@@ -54,20 +64,95 @@ def build_parser() -> argparse.ArgumentParser:
                    "method gives the same tokens for the same --seed")
     p.add_argument("--top-k", type=int, help="sampling: keep the k most likely tokens (default 0: off)")
     p.add_argument("--top-p", type=float, help="sampling: keep the nucleus of this probability (default 1: off)")
-    p.add_argument("--batch-size", type=int, default=1,
-                   help="decode this many prompts at a time in one program (every method; tokens as decoded alone)")
+    p.add_argument("--batch-size", type=int,
+                   help="decode this many prompts at a time in one program (every method; tokens as decoded alone; "
+                        f"default {DEFAULTS['batch_size']})")
     p.add_argument("--stream", action="store_true",
                    help="print jacobi and mr tokens as they are accepted (runs them on the step-by-step driver)")
     p.add_argument("--tune", action="store_true",
                    help="hardware-aware configuration (jf_jax.tuning): measure the latency curve and a TPF grid, "
                    "write tuned.json + PNGs to --tune-out, and exit")
-    p.add_argument("--tune-out", type=Path, default=Path("experiments/results/tune"),
-                   help="directory of the --tune outputs, read by --block-size/--pool-size tuned")
+    p.add_argument("--tune-out", type=Path,
+                   help="directory of the --tune outputs, read by --block-size/--pool-size tuned (default "
+                        "results/studies/tune)")
     return p
 
 
 def _int_or_tuned(text: str):
-    return text if text == "tuned" else int(text)
+    if text == "tuned":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'tuned', got {text!r}") from None
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def selected_methods(args) -> list[str]:
+    methods = DEFAULTS["methods"] if args.methods is None else args.methods
+    return [m.strip() for m in methods.split(",") if m.strip()]
+
+
+def check_args(args) -> None:
+    """Refuses, before anything is read or loaded, every option out of the range its decoder enforces and every
+    option the run would ignore (one of a method that ``--methods`` does not run, a decoding option with
+    ``--tune``, ``--tune-out`` with nothing tuned), then fills in ``DEFAULTS``. Raises a ValueError naming the
+    option."""
+    from jf_jax import api
+
+    given = {name for name, value in vars(args).items() if value is not None and value is not False}
+    if args.tune:
+        unused = [name for name in DECODE_ONLY_OPTIONS if name in given]
+        if unused:
+            raise ValueError(f"--tune does not use {', '.join(map(flag, unused))}: it measures its own grid, given "
+                             f"only {', '.join(map(flag, TUNE_GRID_OPTIONS))} (python -m jf_jax.cli.tune sets "
+                             "every knob)")
+    else:
+        methods = selected_methods(args)
+        unknown = [m for m in methods if m not in api.METHODS]
+        if not methods or unknown:
+            raise ValueError(f"unknown method(s) {', '.join(unknown) or '(none given)'}; "
+                             f"available: {', '.join(api.METHODS)}")
+        users = {name: [m for m in api.METHODS if name in METHOD_OPTIONS.get(m, ())]
+                 for name in set().union(*METHOD_OPTIONS.values())}
+        users["stream"] = list(STREAMING_METHODS)
+        unused = [f"{flag(name)} (only {'/'.join(users[name])})" for name in sorted(given & users.keys())
+                  if not set(users[name]) & set(methods)]
+        if unused:
+            raise ValueError(f"--methods {','.join(methods)} does not use {', '.join(unused)}: drop the option or "
+                             "add its method")
+        if "tune_out" in given and "tuned" not in (args.block_size, args.pool_size):
+            raise ValueError("--tune-out is only read by --tune and by --block-size/--pool-size tuned")
+    for name, value in DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.max_new_tokens <= 0:
+        raise ValueError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
+    if args.stream and args.batch_size > 1:
+        raise ValueError("--stream prints one prompt at a time: it needs --batch-size 1")
+    check_values(args)
+
+
+def check_values(args) -> None:
+    """The numeric options against the limits their decoders enforce (``--block-size``/``--pool-size`` 'tuned'
+    are checked once ``apply_tuned`` has replaced them); a ValueError names the option."""
+    from jf_jax.decoding.common import MAX_BATCH_SIZE, MAX_SEED, check_fraction, check_int
+    from jf_jax.decoding.multiblock import MAX_NUM_BLOCKS, MAX_POOL_SIZE
+    from jf_jax.decoding.runner import MAX_BLOCK_SIZE
+    from jf_jax.decoding.sampling import Sampling
+
+    limits = dict(batch_size=(1, MAX_BATCH_SIZE), block_size=(1, MAX_BLOCK_SIZE), num_blocks=(1, MAX_NUM_BLOCKS),
+                  pool_size=(1, MAX_POOL_SIZE), seed=(0, MAX_SEED))
+    for name, (low, high) in limits.items():
+        value = getattr(args, name)
+        if value is not None and value != "tuned":
+            check_int(flag(name), value, low, high)
+    if args.spawn_ratio is not None:
+        check_fraction("--spawn-ratio", args.spawn_ratio)
+    Sampling(**{k: v for k in ("temperature", "top_k", "top_p") if (v := getattr(args, k)) is not None})  # checks
 
 
 def read_prompts(args) -> list[str]:
@@ -142,24 +227,12 @@ def stream_printer(model, header: str):
 
 
 def run(args) -> dict:
+    """Decodes the prompts with every method of ``args`` (a namespace that ``check_args`` has checked)."""
     from tqdm import tqdm
 
     from jf_jax import api
 
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    unknown = [m for m in methods if m not in api.METHODS]
-    if not methods or unknown:
-        raise ValueError(f"unknown method(s) {', '.join(unknown) or '(none given)'}; "
-                         f"available: {', '.join(api.METHODS)}")
-    if args.max_new_tokens <= 0:
-        raise ValueError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
-    if args.batch_size < 1:
-        raise ValueError(f"--batch-size must be positive, got {args.batch_size}")
-    from jf_jax.decoding.sampling import Sampling
-
-    Sampling(**{k: v for k in ("temperature", "top_k", "top_p") if (v := getattr(args, k)) is not None})  # checks
-    if args.stream and args.batch_size > 1:
-        raise ValueError("--stream prints one prompt at a time: it needs --batch-size 1")
+    methods = selected_methods(args)  # every option was checked by check_args
     prompts = read_prompts(args)
     if args.json is not None:
         check_writable(args.json)
@@ -167,6 +240,7 @@ def run(args) -> dict:
         from jf_jax.tuning.tuner import apply_tuned
 
         apply_tuned(args)
+        check_values(args)
     print(f"loading {args.model} ({args.dtype}) ...", file=sys.stderr)
     model = api.load_model(args.model, dtype=args.dtype)
     runs = []
@@ -221,6 +295,7 @@ def run_tuner(args) -> int:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        check_args(args)  # before any prompt file is read or model loaded
         if args.tune:
             return run_tuner(args)
         report = run(args)

@@ -3,14 +3,14 @@
     python -m jf_jax.evaluate --model smollm2-135m --model runs/smollm2_jf_r1 \\
         --prompts runs/prompts/code_heldout.jsonl --prompts runs/prompts/math_heldout.jsonl --limit 8 \\
         --math runs/prompts/math_heldout.jsonl --math-limit 20 --block-size 8,16 --max-new-tokens 128 \\
-        --dtype bfloat16 --out experiments/results/smollm2_eval
+        --dtype bfloat16 --out results/smollm2_jf/speed
 
 For each --model (a jf_jax.weights spec or a training RUN_DIR):
 
 * speed: every method of --methods (ar, jacobi, mr; jacobi and mr at each --block-size) decodes the first --limit
   prompts of each --prompts file greedily in --dtype, batch 1, one prompt after another, after compilation. TPF =
   generated tokens / forwards (the prefill counts as a forward, as in jf_jax.decoding.jacobi), as a ratio of totals
-  and as a per-prompt mean; tokens/s with and without prefill (spec Decision 8); "x AR" is a method's tokens/s over
+  and as a per-prompt mean; tokens/s with and without prefill (docs/method.md); "x AR" is a method's tokens/s over
   same-dtype AR's on the same prompts in the same run. "match_ar" is the fraction of prompts whose tokens equal AR's
   (greedy Jacobi / MR are lossless up to floating-point ties, so it should be ~1).
 * quality (in --quality-dtype): GSM8K exact-answer accuracy of greedy AR answers on the first --math-limit problems
@@ -26,8 +26,10 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 
+from jf_jax.cli.collect import output_dir_error
 from jf_jax.cli.tune import positive_ints
 from jf_jax.data.build import read_jsonl
 
@@ -228,8 +230,22 @@ def markdown(results: list[dict], args: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def out_error(out: str) -> str | None:
+    """Why OUT.json and OUT.md could not be written, or None when they can (their directory is created)."""
+    problem = output_dir_error(os.path.dirname(os.path.abspath(out)))
+    if problem:
+        return problem
+    for path in (out + ".json", out + ".md"):
+        if os.path.isdir(path):
+            return f"{path} is a directory"
+        if os.path.exists(path) and not os.access(path, os.W_OK):
+            return f"{path} is not writable"
+    return None
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="jf-jax evaluate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="jf-jax evaluate", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", action="append", required=True, help="weights spec or RUN_DIR (repeatable)")
     p.add_argument("--prompts", action="append", default=[], help="held-out JSONL for speed (repeatable)")
     p.add_argument("--limit", type=int, default=8, help="prompts per --prompts file")
@@ -255,6 +271,10 @@ def main(argv=None) -> int:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--out", required=True, help="output path without extension (writes .json and .md)")
     args = p.parse_args(argv)
+    problem = out_error(args.out)  # before any work: the reports are written at the end, maybe hours later
+    if problem:
+        print(f"error: cannot write --out {args.out}: {problem}", file=sys.stderr)
+        return 2
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     from jf_jax.decoding.sampling import Sampling
 

@@ -17,7 +17,8 @@ from jf_jax.weights.hf_export import check_destination, export_hf
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="jf-jax export", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="jf-jax export", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", help="weights spec: a training RUN_DIR, a .gguf, a HF directory or a model name")
     p.add_argument("out", help="directory to write (must not exist, unless --overwrite)")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier export in OUT")

@@ -19,8 +19,9 @@ import argparse
 import sys
 import time
 
+from jf_jax.cli.collect import output_dir_error
 from jf_jax.training.config import load_config
-from jf_jax.training.loop import NonFiniteLossError, run_training
+from jf_jax.training.loop import DroppedSequencesError, NonFiniteLossError, run_training
 
 
 class _StepLog:
@@ -48,7 +49,8 @@ class _StepLog:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="jf-jax train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="jf-jax train", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", help="configs/*.yaml")
     parser.add_argument("overrides", nargs="*", help="key=value overrides (dotted keys)")
     parser.add_argument("--run-dir", required=True, help="output directory (resumed if it exists)")
@@ -77,16 +79,21 @@ def main(argv=None) -> int:
         jax.distributed.initialize(coordinator_address=args.coordinator, num_processes=args.num_processes,
                                    process_id=args.process_id)
     tcfg = load_config(args.config, args.overrides)
+    problem = output_dir_error(args.run_dir)  # before any work: not a traceback after the data and the model
+    if problem:
+        print(f"error: cannot write the run directory {args.run_dir}: {problem}", file=sys.stderr)
+        return 2
     try:
         stop_after_s = None if args.stop_after_minutes is None else 60.0 * args.stop_after_minutes
         on_step = _StepLog(tcfg.train.steps, args.log_every_s) if args.no_progress else None
         result = run_training(tcfg, args.run_dir, progress=not args.no_progress, stop_at_step=args.stop_at_step,
                               stop_after_s=stop_after_s, export_on_stop=args.export_on_stop, on_step=on_step)
-    except NonFiniteLossError as e:
+    except (NonFiniteLossError, DroppedSequencesError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     last = result.metrics[max(result.metrics)] if result.metrics else {}
-    print(f"{args.run_dir}: step {result.step}/{tcfg.train.steps}, {result.num_sequences} sequences, "
+    print(f"{args.run_dir}: step {result.step}/{tcfg.train.steps}, {result.num_sequences} sequences "
+          f"({result.num_dropped} longer than the largest bucket left out), "
           f"final loss/total {last.get('loss/total', float('nan')):.4f}")
     return 0
 

@@ -19,6 +19,8 @@ from jf_jax.model.config import ModelConfig
 
 MIN_BUCKET = 16
 MAX_BATCH_SIZE = 256
+MAX_SEED = 2**31 - 1
+"""Seeds are non-negative int32 values (``jax.random.PRNGKey``)."""
 
 
 class GenerationError(ValueError):
@@ -54,6 +56,13 @@ def check_int(name: str, value, low: int, high: int) -> int:
     return int(value)
 
 
+def check_fraction(name: str, value) -> float:
+    """``value`` as a float in (0, 1], or a GenerationError naming ``name`` (NaN and infinities are refused)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise GenerationError(f"{name} must be a number in (0, 1], got {value!r}")
+    return float(value)
+
+
 def greedy(logits_f32):
     """Argmax over float32 logits (ties -> lowest id, as torch.argmax on CPU).
 
@@ -75,7 +84,7 @@ def is_eos(tokens, eos_ids):
 
 def prompt_key(seed: int, index: int):
     """The draft RNG key of prompt ``index`` of a call with ``seed``."""
-    return jax.random.fold_in(jax.random.PRNGKey(check_int("seed", seed, 0, 2**31 - 1)), index)
+    return jax.random.fold_in(jax.random.PRNGKey(check_int("seed", seed, 0, MAX_SEED)), index)
 
 
 def batch_slices(num: int, batch_size: int | None) -> tuple[int, list[tuple[int, np.ndarray]]]:

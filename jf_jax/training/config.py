@@ -82,6 +82,9 @@ class DataSection:
     pad_id: int = 0
     batch_size: int = 1
     buckets: tuple[int, ...] = (256, 512, 1024)
+    max_dropped_share: float = 0.01
+    """Sequences longer than the largest bucket are left out of training (their number is reported when training
+    starts); a run refuses to start when more than this share of them (0.01: 1%) would be."""
     pack_rows: bool = False
     """Pack several sequences into one row (segments) instead of one sequence per padded row."""
     seed: int = 0

@@ -10,6 +10,9 @@
   (``tensorboard --logdir RUN_DIR/tensorboard``) are redrawn from it.
 * A non-finite loss stops the run with ``NonFiniteLossError`` before anything of that step is saved: the
   newest checkpoint stays the last good one.
+* Sequences longer than the largest length bucket are left out; their number is printed when training starts
+  (``TrainResult.num_dropped``), and a run where they would be more than ``data.max_dropped_share`` of the data
+  stops with ``DroppedSequencesError`` before anything is trained.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import json
 import math
 import os
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 import jax
 import numpy as np
@@ -45,6 +48,10 @@ class NonFiniteLossError(RuntimeError):
     """The loss became NaN or infinite; the run stopped and kept its last good checkpoint."""
 
 
+class DroppedSequencesError(ValueError):
+    """More of the training sequences than ``data.max_dropped_share`` are longer than the largest length bucket."""
+
+
 @dataclasses.dataclass
 class TrainResult:
     run_dir: str
@@ -53,6 +60,9 @@ class TrainResult:
     metrics: dict[int, dict[str, float]]
     """Metrics of every step run by this call, keyed by the step count after it (1-based)."""
     num_sequences: int
+    """Sequences trained on (those that fit the largest length bucket)."""
+    num_dropped: int = 0
+    """Sequences left out: longer than the largest length bucket."""
 
 
 @functools.lru_cache(maxsize=1)
@@ -140,8 +150,28 @@ def build_stream(tcfg: TrainConfig, run_dir: str, vocab_size: int, progress: boo
     if top >= vocab_size:
         raise ValueError(f"trajectories in {', '.join(paths)} hold token id {top}, outside the model vocabulary "
                          f"({vocab_size})")
+    check_dropped([len(s) for s in sequences], d.buckets, d.max_dropped_share)
     return BatchStream(sequences, batch_size=d.batch_size, buckets=d.buckets, pad_id=d.pad_id, seed=d.seed,
                        pack_rows=d.pack_rows, teacher_tokens=tcfg.loss.teacher_tokens)
+
+
+def check_dropped(lengths: Sequence[int], buckets: Sequence[int], max_share: float) -> int:
+    """The number of sequences (of these token ``lengths``) longer than the largest bucket, which ``BatchStream``
+    leaves out; raises ``DroppedSequencesError`` when they are more than ``max_share`` of all."""
+    if not 0.0 <= max_share <= 1.0:
+        raise ConfigKeyError(f"data.max_dropped_share must be between 0 and 1, got {max_share}")
+    largest = max(buckets)
+    dropped = sum(n > largest for n in lengths)
+    share = dropped / len(lengths) if lengths else 0.0
+    if share > max_share:
+        longest = max(lengths)
+        raise DroppedSequencesError(
+            f"{dropped} of {len(lengths)} training sequences ({share:.1%}) are longer than the largest length bucket, "
+            f"{largest} tokens (data.buckets={list(buckets)}; the longest sequence has {longest} tokens), and would "
+            f"be dropped: more than data.max_dropped_share={max_share:g} ({max_share:.1%}) allows. Add a bucket "
+            f"that holds them (e.g. data.buckets={sorted(buckets) + [longest]}) or raise data.max_dropped_share to "
+            f"train without them.")
+    return dropped
 
 
 def teacher_params(tcfg: TrainConfig, cfg: ModelConfig, initial: dict) -> dict:
@@ -167,24 +197,42 @@ def teacher_params(tcfg: TrainConfig, cfg: ModelConfig, initial: dict) -> dict:
     return reference_params(params, cfg)
 
 
-def _snapshot_config(tcfg: TrainConfig, run_dir: str) -> None:
+NOT_COMPARED = (("data", "max_dropped_share"),)
+"""Config keys that do not change what a run computes: a run resumes with other values of them."""
+
+
+def _compared(config: dict) -> dict:
+    config = {k: dict(v) if isinstance(v, dict) else v for k, v in config.items()}
+    for section, key in NOT_COMPARED:
+        if isinstance(config.get(section), dict):
+            config[section].pop(key, None)
+    return config
+
+
+def _check_config(tcfg: TrainConfig, run_dir: str) -> bool:
+    """Refuses to resume the run in ``run_dir`` with a config that computes something else; returns whether the
+    snapshot is still to be written (a new run, or one resumed with other values of ``NOT_COMPARED`` keys)."""
     path = os.path.join(run_dir, rd.CONFIG_FILE)
     current = tcfg.to_dict()
-    if os.path.exists(path):
-        with open(path) as f:
-            previous = yaml.safe_load(f)
-        try:  # a snapshot written before a field was added reads with that field's default
-            previous = config_from_dict(previous).to_dict()
-        except ConfigKeyError:
-            pass
-        if previous != current:
-            raise ConfigKeyError(f"{run_dir} holds a run with a different config ({path}); resuming it with another "
-                                 "config would not reproduce it. Use a new run directory.")
-        return
-    if not _primary():
-        return
-    with open(path, "w") as f:
-        yaml.safe_dump(current, f, sort_keys=False)
+    if not os.path.exists(path):
+        return True
+    with open(path) as f:
+        previous = yaml.safe_load(f)
+    try:  # a snapshot written before a field was added reads with that field's default
+        previous = config_from_dict(previous).to_dict()
+    except ConfigKeyError:
+        pass
+    if _compared(previous) != _compared(current):
+        raise ConfigKeyError(f"{run_dir} holds a run with a different config ({path}); resuming it with another "
+                             "config would not reproduce it. Use a new run directory.")
+    return previous != current
+
+
+def _write_config(tcfg: TrainConfig, run_dir: str) -> None:
+    path = os.path.join(run_dir, rd.CONFIG_FILE)
+    with open(path + ".tmp", "w") as f:
+        yaml.safe_dump(tcfg.to_dict(), f, sort_keys=False)
+    os.replace(path + ".tmp", path)  # never half a snapshot: a run killed here resumes or restarts cleanly
 
 
 def _truncate_metrics(path: str, last_step: int) -> None:
@@ -260,14 +308,22 @@ def run_training(tcfg: TrainConfig, run_dir: str, *, progress: bool = True, stop
     checked and checkpointed step.
     """
     os.makedirs(run_dir, exist_ok=True)
-    _snapshot_config(tcfg, run_dir)
+    write_config = _check_config(tcfg, run_dir)
     _barrier("jf_jax config checked")  # a changed config is refused by every process before any is written over
     cfg = model_config(tcfg)
     primary = _primary()
     if primary:
         rd.save_model_config(run_dir, cfg)
         rd.save_base_model(run_dir, base_model_spec(tcfg))
+    # Before the config snapshot: a new run refused for its data can be started again with other buckets.
     stream = build_stream(tcfg, run_dir, cfg.vocab_size, progress and primary)
+    if primary:
+        if write_config:
+            _write_config(tcfg, run_dir)
+        kept, dropped = len(stream.sequences), stream.num_dropped
+        print(f"{tcfg.run_name}: {kept} training sequences; {dropped} ({dropped / (kept + dropped):.1%}) longer than "
+              f"the largest length bucket ({max(tcfg.data.buckets)} tokens) left out (data.max_dropped_share="
+              f"{tcfg.data.max_dropped_share:g})", flush=True)
 
     total = tcfg.train.steps
     mesh = make_mesh(tcfg.mesh.data, tcfg.mesh.fsdp, devices)
@@ -338,4 +394,5 @@ def run_training(tcfg: TrainConfig, run_dir: str, *, progress: bool = True, stop
             rd.export_params(run_dir, cfg, _host_params(state.params))
     if primary:
         write_reports(run_dir)
-    return TrainResult(run_dir=run_dir, step=final_step, metrics=results, num_sequences=len(stream.sequences))
+    return TrainResult(run_dir=run_dir, step=final_step, metrics=results, num_sequences=len(stream.sequences),
+                       num_dropped=stream.num_dropped)

@@ -10,6 +10,9 @@ are undone here:
 * For ``llama`` files, llama.cpp's converter permutes the rows of Q and K (and their biases) so its RoPE
   can rotate adjacent pairs; HF rotates halves. We apply the inverse permutation. Qwen2 files are not
   permuted (llama.cpp uses the "NeoX" half rotation for them).
+
+RoPE-scaling metadata (``<arch>.rope.scaling.*``) is read as llama.cpp's loader reads it, and every key is either
+applied or refused by name (``rope_scaling_from_metadata``): none is dropped.
 """
 
 from __future__ import annotations
@@ -97,6 +100,88 @@ def read_metadata(reader, source: str) -> dict[str, Any]:
     return meta
 
 
+# llama.cpp's rope-scaling keys (gguf.constants.Keys.Rope.SCALING_*, "<arch>.rope.scaling.<name>") and what each
+# becomes here. Applied, as llama.cpp's common loader reads them for every architecture: ``type`` (llama.cpp's
+# default when absent is "linear"), ``factor`` (falling back to the legacy ``<arch>.rope.scale_linear``; absent or 0
+# means 1) and ``original_context_length`` (YaRN's pretraining context; default the file's context_length).
+# ``yarn_beta_fast`` / ``yarn_beta_slow`` are applied for type yarn: llama.cpp's converter writes them from the HF
+# config's beta_fast / beta_slow, which jf_jax.model.rope applies as transformers does. (llama.cpp's runtime reads
+# them only for a few architectures, not llama / qwen2 / qwen3, where it always uses 32 / 1: for a file with other
+# values llama.cpp departs from the model it was converted from; we follow the model.) ``finetuned`` is a flag
+# llama.cpp only prints: it changes nothing, so any value is accepted and ignored.
+_ROPE_HANDLED = ("type", "factor", "original_context_length", "finetuned")
+_ROPE_YARN_APPLIED = ("yarn_beta_fast", "yarn_beta_slow")
+_GGUF_ROPE_TYPES = ("none", "linear", "yarn")  # llama.cpp's other type, longrope, is not supported
+
+
+def _rope_neutral_values(kind: str) -> dict[str, tuple[float, ...]]:
+    """The rope.scaling keys we do not apply, each with the values at which llama.cpp's RoPE is unchanged by it.
+
+    Such a key is accepted silently at one of these values and refused at any other: they are llama.cpp's own
+    defaults (its ``llama_model_saver`` writes attn_factor 1 and yarn_log_multiplier 0 into every file it saves, so
+    refusing them would refuse plain models), and for ``alpha`` the identity. ``attn_factor`` multiplies cos and sin;
+    ``yarn_log_multiplier`` rescales YaRN's attention factor (DeepSeek's mscale_all_dim); ``alpha`` is NTK-alpha
+    scaling (Hunyuan; base * alpha^(d/(d-2))); ``yarn_ext_factor`` is YaRN's ramp mix (-1 = automatic: 1 for yarn,
+    0 otherwise). The yarn-only keys are inert for the other types at their defaults. ``yarn_attn_factor`` has no
+    neutral value for type yarn: llama.cpp's converter writes HF's attention_factor there (so 1.0 would mean "no
+    scaling"), while llama.cpp's runtime multiplies the derived factor by it or, in newer versions, overrides it;
+    we refuse it.
+    """
+    yarn = kind == "yarn"
+    return {
+        "attn_factor": (1.0,),
+        "alpha": (1.0,),
+        "yarn_log_multiplier": (0.0,),
+        "yarn_ext_factor": (-1.0, 1.0) if yarn else (-1.0, 0.0),
+        "yarn_attn_factor": () if yarn else (1.0,),
+        **({} if yarn else {"yarn_beta_fast": (32.0,), "yarn_beta_slow": (1.0,)}),
+    }
+
+
+def rope_scaling_from_metadata(meta: Mapping[str, Any], arch: str, source: str) -> dict[str, Any] | None:
+    """The HF ``rope_scaling`` dict of a GGUF's ``<arch>.rope.scaling.*`` metadata (None for plain RoPE).
+
+    Every key is applied or refused: a ConfigError names each key (with its value) that jf-jax does not apply
+    and the file, before any tensor is converted.
+    """
+    prefix = f"{arch}.rope.scaling."
+    kind = meta.get(prefix + "type", "linear")
+    if kind not in _GGUF_ROPE_TYPES:
+        raise ConfigError(f"{source}: {prefix}type {kind!r} is not supported; supported: "
+                          f"{', '.join(_GGUF_ROPE_TYPES)}")
+    neutral = _rope_neutral_values(kind)
+    handled = _ROPE_HANDLED + (_ROPE_YARN_APPLIED if kind == "yarn" else ())
+    refused = []
+    for key in sorted(k for k in meta if k.startswith(prefix)):
+        name, value = key[len(prefix):], meta[key]
+        if name in handled:
+            continue
+        is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if name in neutral and is_number and float(value) in neutral[name]:
+            continue
+        refused.append(f"{key}={value!r}")
+    if refused:
+        raise ConfigError(f"{source}: RoPE scaling metadata jf-jax does not apply: {', '.join(refused)} "
+                          f"({prefix}type {kind!r}); refusing the file rather than ignoring it")
+
+    factor = meta.get(prefix + "factor")
+    if factor is None:
+        factor = meta.get(f"{arch}.rope.scale_linear")
+    factor = 1.0 if factor is None or float(factor) == 0.0 else float(factor)
+    if kind == "none" or (kind == "linear" and factor == 1.0):
+        return None
+    if kind == "linear":
+        return {"rope_type": "linear", "factor": factor}
+    yarn = {"rope_type": "yarn", "factor": factor}
+    original = meta.get(prefix + "original_context_length", meta.get(f"{arch}.context_length"))
+    if original is not None:
+        yarn["original_max_position_embeddings"] = int(original)
+    for name in _ROPE_YARN_APPLIED:
+        if meta.get(prefix + name) is not None:
+            yarn[name.removeprefix("yarn_")] = float(meta[prefix + name])
+    return yarn
+
+
 def hf_config_from_metadata(meta: Mapping[str, Any], tensor_names, source: str) -> dict[str, Any]:
     """The Hugging Face ``config.json`` dict a GGUF's ``<arch>.*`` metadata describes."""
     arch = meta.get("general.architecture")
@@ -126,7 +211,6 @@ def hf_config_from_metadata(meta: Mapping[str, Any], tensor_names, source: str) 
         if not tokens:
             raise ConfigError(f"{source}: neither {arch}.vocab_size nor tokenizer.ggml.tokens is present")
         vocab = len(tokens)
-    scaling = get("rope.scaling.type")
     hf = {
         "model_type": arch,
         "vocab_size": int(vocab),
@@ -143,10 +227,9 @@ def hf_config_from_metadata(meta: Mapping[str, Any], tensor_names, source: str) 
         "tie_word_embeddings": "output.weight" not in set(tensor_names),
         "hidden_act": "silu",
     }
-    if scaling not in (None, "none"):
-        hf["rope_scaling"] = {"rope_type": scaling, "factor": get("rope.scaling.factor")}
-        if get("rope.scaling.original_context_length") is not None:
-            hf["rope_scaling"]["original_max_position_embeddings"] = int(get("rope.scaling.original_context_length"))
+    scaling = rope_scaling_from_metadata(meta, arch, source)
+    if scaling is not None:
+        hf["rope_scaling"] = scaling
     if "rope_freqs.weight" in set(tensor_names):
         raise ConfigError(f"{source}: per-frequency RoPE factors (rope_freqs.weight, llama.cpp's form of Llama 3.1 "
                           "rope scaling) are not supported in GGUF files; load the Hugging Face directory instead")

@@ -30,7 +30,7 @@ from jf_jax.weights.tokenizer import Tokenizer
 logger = logging.getLogger(__name__)
 
 CACHE_ENV = "JF_JAX_CACHE"
-FORMAT_VERSION = 1  # bump when the conversion changes, so old entries are ignored
+FORMAT_VERSION = 2  # bump when the conversion changes, so old entries are ignored
 _FILES = ("config.json", "source.json", "tokenizer/tokenizer.json", "tokenizer/jf_jax_tokenizer.json")
 
 

@@ -6,10 +6,11 @@ with a tiny byte-level vocabulary and a chat template, so the loader is checked 
 
 import gguf
 import numpy as np
-import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+from tests.conftest import require
+
+torch = require("torch")
+transformers = require("transformers")
 
 VOCAB = 64
 # A tiny byte-level vocabulary: 3 control tokens, 60 characters ("Ġ" is byte-level space), one merge "a b".
@@ -32,12 +33,14 @@ _GGUF_TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weigh
              "lm_head.weight": "output.weight"}
 
 
-def tiny_model(arch="llama", tie=False, seed=0):
-    """A random float32 HF model with weights large enough that a wrong layout changes the logits."""
+def tiny_model(arch="llama", tie=False, seed=0, **config):
+    """A random float32 HF model with weights large enough that a wrong layout changes the logits.
+    ``config`` overrides or adds config fields (e.g. ``rope_scaling``, ``max_position_embeddings``)."""
     torch.manual_seed(seed)
     kw = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, rope_theta=50000.0, rms_norm_eps=1e-5, max_position_embeddings=128,
               tie_word_embeddings=tie, bos_token_id=1, eos_token_id=2)
+    kw.update(config)
     if arch == "llama":
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**kw))
     elif arch == "qwen3":  # head_dim 24: not hidden / heads
@@ -64,8 +67,24 @@ def gguf_name(hf_name):
     return f"blk.{layer}.{_GGUF_LAYER[rest]}"
 
 
-def write_gguf(path, model, arch="llama", qtype=None, skip=(), reshape=None, architecture=None):
-    """Writes ``model`` as llama.cpp would; 2-D tensors quantized to ``qtype`` (embedding always Q8_0 then)."""
+def _add_metadata(writer, key, value):
+    """One key/value with the GGUF type llama.cpp's converter gives such a value (rope.scaling.* included)."""
+    if isinstance(value, str):
+        writer.add_string(key, value)
+    elif isinstance(value, bool):
+        writer.add_bool(key, value)
+    elif isinstance(value, int):
+        writer.add_uint32(key, value)
+    else:
+        writer.add_float32(key, value)
+
+
+def write_gguf(path, model, arch="llama", qtype=None, skip=(), reshape=None, architecture=None, metadata=None):
+    """Writes ``model`` as llama.cpp would; 2-D tensors quantized to ``qtype`` (embedding always Q8_0 then).
+
+    ``metadata``: extra ``<arch>.``-relative keys, e.g. ``{"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0}``
+    (the model's own ``rope_scaling`` is not written: the caller states it as llama.cpp would).
+    """
     cfg = model.config
     writer = gguf.GGUFWriter(str(path), architecture or arch)
     writer.add_block_count(cfg.num_hidden_layers)
@@ -89,6 +108,8 @@ def write_gguf(path, model, arch="llama", qtype=None, skip=(), reshape=None, arc
     writer.add_pad_token_id(2)
     writer.add_add_bos_token(False)
     writer.add_chat_template(TEMPLATE)
+    for key, value in (metadata or {}).items():
+        _add_metadata(writer, f"{architecture or arch}.{key}", value)
     for name, tensor in model.state_dict().items():
         if cfg.tie_word_embeddings and name == "lm_head.weight":
             continue

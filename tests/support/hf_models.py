@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+from tests.conftest import require
+
+torch = require("torch")
+transformers = require("transformers")
 
 from jf_jax.model.config import from_hf_config  # noqa: E402
 from jf_jax.weights.hf_names import params_from_hf  # noqa: E402
