@@ -5,7 +5,7 @@ every one measured the same way (held-out Jacobi TPF), in one process so the dec
         --variant "ar_only: loss.consistency_weight=0" --variant "ref: loss.consistency_weight=1" \\
         --variant "cw20: loss.consistency_weight=20" \\
         --prompts runs/prompts/code_heldout.jsonl --prompts runs/prompts/math_heldout.jsonl --limit 3 \\
-        --out experiments/results/ablation
+        --out results/studies/levers_n8/ablation
 
 Each --variant is "NAME: key=value key=value ..." (overrides applied after --steps and the shared overrides);
 "base" is always measured first (the untrained model of the config's model.path). Every variant trains into

@@ -5,7 +5,7 @@ same number of new tokens (EOS is ignored so every run produces exactly --tokens
 after a warm-up. Also measures the machine's memory read bandwidth and the AR bound it implies
 (bytes of weights read per token / bandwidth), and writes everything as JSON.
 
-    python experiments/bench_ar.py --tokens 128 --json experiments/results/bench_ar.json
+    python experiments/bench_ar.py --tokens 128 --json results/studies/decode_engine_speed/bench_ar.json
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from pallas_kernels.tuning import BlockSizes, block_sizes_for
 
 def packed_training_meta(batch: int, prompt: int, num_blocks: int, block_size: int,
                          stream_major: bool = False) -> TokenMeta:
-    """Per-token data of the packed training sequence, identical in every row (spec section 4.1-4.2).
+    """Per-token data of the packed training sequence, identical in every row (docs/method.md, section 4).
 
     ``stream_major`` orders the same tokens [prompt, noisy_0..noisy_{N-1}, clean_0..clean_{N-1}] instead of
     interleaving the streams. The mask is a function of the per-token data, not of the order, so attention

@@ -6,7 +6,7 @@ timed run), prompt-major (each prompt runs every configuration before the next p
 shared machine hits all configurations alike. Tokens/s are reported including and excluding prefill; TPF counts
 the prefill as a forward. Every configuration's tokens are compared with AR's, prompt by prompt (lossless).
 
-    python experiments/bench_decoding.py --tokens 64 --out experiments/results/decoding_benchmark.md
+    python experiments/bench_decoding.py --tokens 64 --out results/studies/decoding_benchmark/decoding_benchmark.md
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--prompts", type=int, default=3, help=f"how many of the {len(PROMPTS)} built-in prompts")
-    ap.add_argument("--tune-dir", type=Path, default=REPO / "experiments/results/tune")
-    ap.add_argument("--out", type=Path, default=REPO / "experiments/results/decoding_benchmark.md")
-    ap.add_argument("--json", type=Path, default=REPO / "experiments/results/decoding_benchmark.json")
+    ap.add_argument("--tune-dir", type=Path, default=REPO / "results/studies/tune")
+    ap.add_argument("--out", type=Path, default=REPO / "results/studies/decoding_benchmark/decoding_benchmark.md")
+    ap.add_argument("--json", type=Path, default=REPO / "results/studies/decoding_benchmark/decoding_benchmark.json")
     ap.add_argument("--render-only", action="store_true", help="re-write --out from the saved --json, no decoding")
     args = ap.parse_args(argv)
     if args.render_only:

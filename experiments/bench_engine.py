@@ -9,8 +9,8 @@ Per dtype (float32, bfloat16, int8):
      equal tokens checked), with batch 1, and with batch 4 and 8 (total tokens/s of the batch);
 and transformers' ``generate`` on the same weights in float32 and bfloat16 (--transformers).
 
-    python experiments/bench_engine.py --json experiments/results/bench_engine.json \
-        --markdown experiments/results/bench_engine.md
+    python experiments/bench_engine.py --json results/studies/decode_engine_speed/bench_engine.json \
+        --markdown results/studies/decode_engine_speed/bench_engine.md
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ than batch 1, but the ``n16_b4`` run was not (issue 11). This times what a run d
 
     python experiments/bench_train_real.py configs/smollm2_jf_n16_b4.yaml --examples 48 \\
         --variant 'b1_ce: data.batch_size=1 loss.ar_teacher=data' --variant 'b4_ce: loss.ar_teacher=data' \\
-        --variant 'b4_kl:' --json experiments/results/train_step_real.json
+        --variant 'b4_kl:' --json results/studies/train_step_speed/train_step_real.json
 
 Every variant trains from the config's initial weights on the same packed responses (drawn with a fixed seed from
 its trajectories, as many per length bucket as fill whole batches at every variant's batch size, so no variant

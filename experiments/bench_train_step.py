@@ -7,7 +7,7 @@ the same batches from the same weights; its loss after the first step is printed
 the same thing can be compared.
 
     python experiments/bench_train_step.py --variants float32,bfloat16,bfloat16-remat \
-        --json experiments/results/train_step.json
+        --json results/studies/train_step_speed/train_step.json
     python experiments/bench_train_step.py --variants float32,bfloat16-remat --batch 1,4,8 --steps 5
 
 With several ``--batch`` sizes every (variant, batch) pair is timed in the same process, and the table gives

@@ -4,7 +4,7 @@ are compared with jf-jax's.
 
     python -m jf_jax.cli.export runs/smollm2_jf_n16 exports/smollm2_jf_n16
     python experiments/check_export.py runs/smollm2_jf_n16 exports/smollm2_jf_n16 \\
-        --json experiments/results/export_check.json
+        --json results/smollm2_jf_n16/export_check.json
 """
 
 from __future__ import annotations

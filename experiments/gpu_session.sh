@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU evidence on one lent H100/H200 (issue 14): the kernel battery and attention timings, the forward-latency
 # curve with the tuner's measured choice, and a short Jacobi Forcing run (collect -> train -> evaluate) from the
-# embedded SmolLM2-135M, all on the device. Results land in experiments/results/gpu/.
+# embedded SmolLM2-135M, all on the device. Results land in results/gpu_smollm2_jf_n16/ (the run's own files) and
+# results/studies/gpu_h100/DATE/ (the benchmarks and the rest of the session).
 #
 # The device machine reaches no network, so everything travels with the working tree: the embedded model's wheel
 # (93 MB, over one call's 64 MiB) in two halves, .gpu/a and .gpu/b, sent by two calls to the same warm machine;
@@ -13,12 +14,12 @@
 #     bash experiments/gpu_session.sh setup b && bash experiments/gpu_session.sh start 555; bash experiments/gpu_session.sh pack
 #         (carry .gpu/b .gpu/whl runs/prompts; issue it at once: a machine idle for 30 s is given back, half a with it)
 #     bash experiments/gpu_session.sh wait 540; bash experiments/gpu_session.sh pack    # (carry runs/prompts) until done
-# `pack` leaves experiments/results/gpu/ as one tarball under $OUT. Every pipeline stage is time-boxed (the budgets
+# `pack` leaves both as one tarball under $OUT (unpack it in the repository root). Every pipeline stage is time-boxed (the budgets
 # below, seconds) and resumable: collection continues after its last complete shard, training from its last
 # checkpoint (train.py --stop-after-minutes), so `start` again goes on. A stage that succeeded, or collection cut by
 # its box, is not run again; any other stage cut by its box (its report is written at the end) runs again, and
 # training always runs again (another box from its last checkpoint): `rm $STATE/done/evaluate` to re-evaluate.
-# The first H100 session (2026-11-24, experiments/results/gpu/README.md) took 91 s for `kernels`, 167 s for `tune`
+# The first H100 session (2026-11-24, results/studies/gpu_h100/README.md) took 91 s for `kernels`, 167 s for `tune`
 # with a warm compilation cache, 136 s for `evaluate`; its 300 s training box ran 14 steps (compiling six buckets).
 # The second (2026-11-25) ran `probe` instead of `kernels` in the first call (~40 s after setup), then
 #     TRAIN_S=420 COLLECT_S=210 OPTIONAL_STAGES=evaluate_f32 TRAIN_OVERRIDES="train.steps=3000 train.ckpt_every=1000" \
@@ -28,7 +29,7 @@
 set -euo pipefail
 
 STATE=${JF_GPU_STATE:-/root/jf_gpu}
-RESULTS=$STATE/results  # outside the repository copy, which each call re-sends; `pack` names it experiments/results/gpu
+RESULTS=$STATE/results  # outside the repository copy, which each call re-sends; `pack` sorts it into results/
 SITE=$STATE/site
 MODEL=smollm2-135m
 TUNE_S=${TUNE_S:-420}
@@ -195,9 +196,23 @@ wait_for() {  # follows the pipeline's log for up to $1 seconds or until it fini
     grep -q "pipeline finished" "$STATE/pipeline.log" && log "done" || log "still running"
 }
 
-pack() {  # the results folder as one file under $OUT (at most 8 files come back)
+pack() {  # the results folder as one file under $OUT (at most 8 files come back), in the repository's layout:
+    # the run's files under the names every results/<run>/ uses, the rest in a study folder named by the date
     mkdir -p "$RESULTS" && cp "$STATE/pipeline.log" "$RESULTS/" 2>/dev/null || true
-    tar czf "${OUT:?}/gpu_results.tgz" -C "$RESULTS" --transform 's,^\.,experiments/results/gpu,' .
+    local staging=$STATE/pack run=results/gpu_smollm2_jf_n16 study
+    study=results/studies/gpu_h100/${SESSION_DATE:-$(date -u +%F)}
+    rm -rf "$staging" && mkdir -p "$staging/$run/logs" "$staging/$study"
+    cp -r "$RESULTS/." "$staging/$study/"
+    local pair
+    for pair in train_config.yaml:config.yaml train_metrics.jsonl:metrics.jsonl train_loss_curve.png:loss_curve.png \
+        jf_speed.json:speed.json jf_speed.md:speed.md jf_speed_f32.json:speed_float32.json \
+        jf_speed_f32.md:speed_float32.md; do
+        if [ -f "$staging/$study/${pair%%:*}" ]; then mv "$staging/$study/${pair%%:*}" "$staging/$run/${pair#*:}"; fi
+    done
+    for f in "$staging/$study"/{collect,train,evaluate,pipeline}*.log; do
+        if [ -f "$f" ]; then mv "$f" "$staging/$run/logs/"; fi
+    done
+    tar czf "${OUT:?}/gpu_results.tgz" -C "$staging" results
     ls -la "$OUT"
 }
 

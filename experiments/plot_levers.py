@@ -2,8 +2,9 @@
 (one point per variant; several tables share the axes when their base rows agree), so the trade-off between speed
 gained and quality lost reads at a glance.
 
-    python experiments/plot_levers.py experiments/results/levers_n16.md experiments/results/levers_n16_kl.md \
-        --out experiments/results/levers_n16_tradeoff.png
+    python experiments/plot_levers.py results/studies/levers_n16/levers_n16.md \
+        results/studies/levers_n16/levers_n16_kl.md \
+        --out results/studies/levers_n16/levers_n16_tradeoff.png
 """
 
 from __future__ import annotations

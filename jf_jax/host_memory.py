@@ -6,9 +6,9 @@ when they are freed, so every train step touches new pages that the kernel must 
 page faults (~1.2 GB) per step of SmolLM2 at batch 1, measured with ``getrusage``. With ``TUNABLES`` freed memory
 stays in the process (no ``mmap``, one arena, no trimming) and is backed by transparent huge pages: ~900 faults
 per step, and the bfloat16 + remat step at batch 4 took 1.50 / 1.64 s per example against 1.71 / 2.19 s without
-them, run alternately (experiments/results/train_step_batch.md). The price is that the process keeps its peak
-heap (its resident size was 1-3 GB higher in those runs). glibc reads tunables only when a program starts, so the
-setting takes a re-exec; ``JF_JAX_MALLOC=default`` opts out. Nothing here changes any computed value.
+them, run alternately (results/studies/train_step_speed/train_step_batch.md). The price is that the process
+keeps its peak heap (its resident size was 1-3 GB higher in those runs). glibc reads tunables only when a program
+starts, so the setting takes a re-exec; ``JF_JAX_MALLOC=default`` opts out. Nothing here changes any computed value.
 """
 
 from __future__ import annotations

@@ -199,7 +199,7 @@ class _Static:
 def _dot_precision(dtype):
     """Precision of the forward kernel's and the backward's dots: float32 inputs get full-precision dots, since
     Triton and XLA:GPU otherwise use TF32 on Ampere and later (it put 2.6e-3 into float32 gradients on an H100,
-    experiments/results/gpu/kernel_tests.txt); other dtypes keep the default."""
+    results/studies/gpu_h100/2026-11-24/kernel_tests.txt); other dtypes keep the default."""
     return lax.Precision.HIGHEST if dtype == jnp.float32 else None
 
 
@@ -268,7 +268,7 @@ def _reference_grads(q, k, v, q_meta, k_meta, d_out, *, mask_kind: str, scale: f
 
 
 def _attention_bwd(static: _Static, residuals, d_out):
-    # Backward = differentiate the reference (style.md item 12): exact, but memory O(T*S) per head. A fused
+    # Backward = differentiate the reference (which defines the semantics): exact, but memory O(T*S) per head. A fused
     # backward kernel would reuse the same tile schedule; it is not written yet.
     q, k, v, q_meta, k_meta = residuals
     dq, dk, dv = _reference_grads(q, k, v, q_meta, k_meta, d_out, mask_kind=static.mask_kind, scale=static.scale)

@@ -9,11 +9,11 @@ Every token (query or key) carries four int32 numbers:
   ``STREAM_NOISY`` or ``STREAM_CLEAN`` (the two copies of each block in a Jacobi Forcing packed sequence).
 * ``block``: block index inside the response (``-1`` for context tokens).
 
-The rule (Jacobi Forcing spec section 4.3, "noise-conditioned"): a key is visible to a query of the same
+The rule (docs/method.md, section 4, "noise-conditioned"): a key is visible to a query of the same
 segment iff it is a context token at or before the query's position, or it is in the query's own stream and
 either in an earlier block or in the same block at or before the query's position. Noisy blocks thus see the
 prompt and earlier *noisy* blocks, clean blocks form a plain causal chain, and neither sees the other.
-``MASK_CLEAN_CONTEXT`` (the CLLM-style ablation, spec 4.4) lets noisy blocks see the earlier *clean* blocks
+``MASK_CLEAN_CONTEXT`` (the CLLM-style ablation, docs/method.md) lets noisy blocks see the earlier *clean* blocks
 instead of the earlier noisy ones.
 When every token is a context token the rule is plain causal attention.
 """

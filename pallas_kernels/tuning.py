@@ -1,6 +1,6 @@
 """Tile sizes of the flash-attention kernel, kept as data per device kind.
 
-The kernel reads its tiles from here rather than hard-coding them (style.md section 5: tokamax keeps tuned
+The kernel reads its tiles from here rather than hard-coding them (as openxla/tokamax does: tuned
 values per device as data). Keys are substrings matched case-insensitively against ``jax.Device.device_kind``
 ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "cpu", ...), in table order, so list specific names first.
 
@@ -44,7 +44,7 @@ class BlockSizes:
 
 
 # Device-kind substring -> tiles. First match wins; "default" is the fallback. Measured on an H100 (2026-11-24,
-# experiments/results/gpu/README.md): 128x64 at 3 stages ran, 2.9-5.7x dense masked attention in bf16; 128x128 at
+# results/studies/gpu_h100/README.md): 128x64 at 3 stages ran, 2.9-5.7x dense masked attention in bf16; 128x128 at
 # 3 stages asked for 233,472 bytes of shared memory at head dim 128, over the 232,448 a block may have. The H200
 # and the B200 allow the same ~227 KB per block, so they take the tiles that ran rather than 128x128. On two lent
 # H100s (2026-11-24 and -25), 128x32 beat 128x64 in all four side-by-side runs (the paper's packing at 768 and

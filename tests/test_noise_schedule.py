@@ -1,4 +1,4 @@
-"""Noise ratio, schedule levels and state selection (spec Decision 3, section 3)."""
+"""Noise ratio, schedule levels and state selection (docs/method.md, section 3 and decision 3)."""
 
 import numpy as np
 import pytest

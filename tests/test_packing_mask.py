@@ -1,7 +1,7 @@
-"""Packed layout, per-token mask data and targets (spec sections 4-5, Decision 5).
+"""Packed layout, per-token mask data and targets (docs/method.md, sections 4-5 and decision 5).
 
-The mask is checked against an enumeration written directly from the spec text (section 4.3 bullets and
-4.4), not from ``pallas_kernels.mask.allowed``, and against the worked example P=3, T=2, n=4 verbatim.
+The mask is checked against an enumeration written from the rule's text (docs/method.md, section 4, and the ablation
+mask), not from ``pallas_kernels.mask.allowed``, and against the worked example P=3, T=2, n=4 verbatim.
 """
 
 import numpy as np

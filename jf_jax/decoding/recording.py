@@ -1,4 +1,4 @@
-"""Jacobi trajectories for training (spec section 2): every iterate of every block, recorded by observing the
+"""Jacobi trajectories for training (docs/method.md, section 2): every iterate of every block, recorded by observing the
 Python driver of the very decoder that decodes (``decoding.jacobi``), so the states are exactly its iterates."""
 
 from __future__ import annotations

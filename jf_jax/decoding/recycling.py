@@ -1,4 +1,4 @@
-"""Rejection recycling (spec section 7 and Decision 7): an n-gram pool, candidate rows, a shared-prefix forward.
+"""Rejection recycling (docs/method.md, section 6, decision 7): an n-gram pool, candidate rows, a shared-prefix forward.
 
 The pool is a ring of ``pool_size`` token entries harvested from iterations whose real-active (RA) draft was
 partly rejected: (i) the last n committed tokens followed by the rejected part of the in-flight row, and

@@ -1,7 +1,7 @@
 """Decoding statistics, computed in one place: per prompt (``prompt_stats``) and over prompts (``summarize``).
 
 Every consumer reads these: the decoders' ``GenerationResult.stats``, the CLI's summary table and JSON, the
-evaluation, the tuner's TPF grid and the benchmarks. Definitions (spec Decision 8):
+evaluation, the tuner's TPF grid and the benchmarks. Definitions (docs/method.md, decision 8):
 
 * tokens per forward (TPF) = generated tokens / model forwards, the prefill counted as one forward; over prompts,
   the ratio of the sums (``tokens_per_forward``) and the mean of the per-prompt ratios

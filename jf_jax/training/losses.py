@@ -1,4 +1,4 @@
-"""Jacobi Forcing losses on a packed batch (spec Decision 5, sections 5 and 11.8-11.9).
+"""Jacobi Forcing losses on a packed batch (docs/method.md, section 5 and decision 5).
 
 One forward over the packed rows gives float32 logits ``z`` [B, L, V] (computed once: the teacher logits are
 the clean-stream logits the AR loss uses anyway). With ``lse = logsumexp(z)``:
@@ -9,7 +9,7 @@ the clean-stream logits the AR loss uses anyway). With ``lse = logsumexp(z)``:
   ``ce[p] = KL(softmax(r[p]) || softmax(z[p]))`` with ``r`` the reference's logits under the same mask. Clean and
   prompt positions see only clean tokens, so ``r`` there is the reference's plain causal distribution, and the
   reference runs over those tokens alone (the batch's ``teacher_index``, about half of each row). Training on
-  the model's own greedy answers sharpens it towards them and costs quality (experiments/results/levers_n16.md);
+  the model's own greedy answers sharpens it towards them and costs quality (results/studies/levers_n16/levers_n16.md);
   distilling the reference's distribution keeps what it knew about the other tokens.
 * Consistency, per pair (student s, teacher t) of ``cons_student / cons_teacher``:
   ``soft_ce = lse[s] - sum_v softmax(stop_gradient(z[t]))_v * z[s, v]``

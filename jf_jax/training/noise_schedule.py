@@ -1,6 +1,6 @@
 """Which stored Jacobi state of each block becomes the noisy block of a training sequence.
 
-Spec Decisions 3 (and sections 3, 11.10). For a block with stored states ``s_0 .. s_K`` (``s_0`` = the true
+docs/method.md, section 3 and decision 3. For a block with stored states ``s_0 .. s_K`` (``s_0`` = the true
 random draft, ``s_K`` = the fixed point ``y*``):
 
 * first divergence ``f(s) = min{i : s[i] != y*[i]}`` (``n`` if ``s == y*``);

@@ -1,6 +1,6 @@
 """Host-side packing: Jacobi trajectories -> padded training batches with per-token mask data (numpy only).
 
-One response with prompt ``x`` (length P) and T blocks of size n becomes one sequence (spec section 4)::
+One response with prompt ``x`` (length P) and T blocks of size n becomes one sequence (docs/method.md, section 4)::
 
     index     0 .. P-1 | P+2jn .. P+2jn+n-1 | P+(2j+1)n .. P+(2j+2)n-1     (j = 0 .. T-1)
     token     x        | noisy_j            | clean_j = y*_j
@@ -10,7 +10,7 @@ One response with prompt ``x`` (length P) and T blocks of size n becomes one seq
 
 The attention mask is not built here: attention evaluates ``pallas_kernels.mask.allowed`` on these arrays.
 
-Targets (spec Decision 5, section 5):
+Targets (docs/method.md, section 5 and decision 5):
 
 * AR pairs (weight 1), all in the clean stream: prompt p -> p+1 (only if ``train_prompt``), the bridge
   P-1 -> clean_0[0], the bridges last(clean_{j-1}) -> clean_j[0], and i -> i+1 inside clean_j; a pair counts

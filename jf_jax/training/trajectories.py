@@ -7,7 +7,7 @@ Record (one per prompt ``example_id`` and block ``block_index`` = j, 0-based in 
 
     prompt_ids   int32 [P_j]        the prompt followed by the fixed points of blocks 0 .. j-1
     states       int32 [K_j + 1, n] every iterate of block j: states[0] = the true random draft the block
-                                    started from (spec Decision 2), states[k] = the n-token view
+                                    started from (docs/method.md, decision 2), states[k] = the n-token view
                                     ``accepted prefix ++ next draft`` after iteration k, states[-1] = the
                                     fixed point y*_j (the greedy block)
 

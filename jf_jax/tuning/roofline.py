@@ -1,5 +1,5 @@
 """Forward latency against the number of parallel tokens: an analytic roofline for GPUs, a measured curve for
-the machine at hand (paper section 4.3 and its appendix; spec section 7.3).
+the machine at hand (docs/method.md, section 7).
 
 One forward of ``t`` tokens (over ``context`` committed KV slots) streams the weights once and does about
 ``2 * t`` FLOPs per streamed weight plus attention::
@@ -10,7 +10,7 @@ One forward of ``t`` tokens (over ``context`` committed KV slots) streams the we
 
 "Streamed" weights are every parameter except an untied input-embedding table (only ``t`` of its rows are
 gathered); with tied embeddings the table is read in full as the lm_head. For Qwen2.5-7B in bfloat16 that is
-~14.1 GB per forward, the figure of ``targets.md``. Without attention and KV traffic, and with 2-byte weights,
+~14.1 GB per forward (tests/test_tuner.py checks it). Without attention and KV traffic, and with 2-byte weights,
 the knee (memory time == compute time) sits at ``t = peak / bandwidth``, the device's ridge point.
 """
 
@@ -27,7 +27,7 @@ from jf_jax.model.config import ModelConfig
 
 @dataclasses.dataclass(frozen=True)
 class Device:
-    """A device of the analytic model: HBM bandwidth and dense bf16 tensor peak (the numbers of targets.md)."""
+    """A device of the analytic model: HBM bandwidth and dense bf16 tensor peak (vendor datasheet figures)."""
 
     name: str
     bandwidth: float  # bytes / s
@@ -46,7 +46,7 @@ class Device:
 GPU_OVERHEAD_S = 1e-4
 
 GPUS: dict[str, Device] = {
-    # targets.md: A100-80GB 2.0 TB/s (SXM: 2.039), ridge ~150; H100 SXM 3.35 TB/s, ridge ~295;
+    # Datasheet figures: A100-80GB 2.0 TB/s (SXM: 2.039), ridge ~150; H100 SXM 3.35 TB/s, ridge ~295;
     # H200 4.8 TB/s, ridge ~206; B200 8.0 TB/s, ridge ~281.
     "A100": Device("A100", bandwidth=2.039e12, peak_flops=312e12, overhead_s=GPU_OVERHEAD_S),
     "H100": Device("H100", bandwidth=3.35e12, peak_flops=989e12, overhead_s=GPU_OVERHEAD_S),
@@ -54,7 +54,7 @@ GPUS: dict[str, Device] = {
     "B200": Device("B200", bandwidth=8.0e12, peak_flops=2250e12, overhead_s=GPU_OVERHEAD_S),
 }
 
-# targets.md: the 2-core CPUs of these machines, float32 (used for the "nominal" CPU roofline line only; the
+# A rough figure for 2-core x86 dev machines, float32 (used for the "nominal" CPU roofline line only; the
 # tuner uses the measured curve for the CPU).
 CPU_NOMINAL = Device("cpu (nominal)", bandwidth=15e9, peak_flops=260e9, dtype="float32")
 

@@ -50,7 +50,7 @@ from jf_jax.tuning.measure import (BLOCK_SIZES, LATENCY_SIZES, NUM_BLOCKS, POOL_
                                    measure_latency, measure_tpf)
 from jf_jax.tuning.plots import plot_latency, plot_surfaces
 
-DEFAULT_DIR = Path("experiments/results/tune")
+DEFAULT_DIR = Path("results/studies/tune")
 JSON_NAME = "tuned.json"
 REFERENCE_MODELS = {"qwen2.5-7b": "QWEN2P5_7B_HF_CONFIG"}
 
