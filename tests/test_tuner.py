@@ -1,10 +1,10 @@
 """The hardware-aware tuner: analytic roofline knees, the measured curve, the argmax choice, and the whole
 measure -> fit -> choose -> write pipeline on a tiny random model (small grids, so it stays fast)."""
 
-import argparse
 import dataclasses
 import json
 import math
+import pathlib
 import types
 
 import jax
@@ -141,14 +141,20 @@ def test_pipeline_on_a_tiny_model_writes_json_and_plots(tmp_path):
 
     # The decode CLI reads the choice back for this device ("cpu" here).
     assert tuner.current_device() == "cpu"
-    from jf_jax.cli.decode import build_parser
 
-    args = build_parser().parse_args(["--block-size", "tuned", "--pool-size", "tuned", "--tune-out", str(tmp_path)])
-    tuner.apply_tuned(args)
-    assert (args.block_size, args.pool_size) == (saved["devices"]["cpu"]["block_size"],
-                                                 saved["devices"]["cpu"]["pool_size"])
+    assert tuner.resolve_tuned("tuned", "tuned", tmp_path) == (saved["devices"]["cpu"]["block_size"],
+                                                               saved["devices"]["cpu"]["pool_size"])
+    assert tuner.resolve_tuned("tuned", 3, tmp_path) == (saved["devices"]["cpu"]["block_size"], 3)
+    assert tuner.resolve_tuned(8, 2, tmp_path / "missing") == (8, 2)  # nothing tuned: nothing read
     with pytest.raises(ValueError, match="no tuned configuration"):
-        tuner.apply_tuned(argparse.Namespace(block_size="tuned", pool_size=None, tune_out=tmp_path / "missing"))
+        tuner.resolve_tuned("tuned", None, tmp_path / "missing")
+
+
+def test_the_tuners_default_directory_is_the_users_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("JF_JAX_CACHE", str(tmp_path))
+    assert tuner.default_dir() == tmp_path / "tune"
+    monkeypatch.delenv("JF_JAX_CACHE")
+    assert tuner.default_dir() == pathlib.Path.home() / ".cache" / "jf_jax" / "tune"
 
 
 def test_cli_rejects_a_bad_block_size():

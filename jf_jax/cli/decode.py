@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "write tuned.json + PNGs to --tune-out, and exit")
     p.add_argument("--tune-out", type=Path,
                    help="directory of the --tune outputs, read by --block-size/--pool-size tuned (default "
-                        "results/studies/tune)")
+                        "$JF_JAX_CACHE/tune, else ~/.cache/jf_jax/tune)")
     return p
 
 
@@ -138,7 +138,7 @@ def check_args(args) -> None:
 
 def check_values(args) -> None:
     """The numeric options against the limits their decoders enforce (``--block-size``/``--pool-size`` 'tuned'
-    are checked once ``apply_tuned`` has replaced them); a ValueError names the option."""
+    are checked once ``resolve_tuned`` has replaced them); a ValueError names the option."""
     from jf_jax.decoding.common import MAX_BATCH_SIZE, MAX_SEED, check_fraction, check_int
     from jf_jax.decoding.multiblock import MAX_NUM_BLOCKS, MAX_POOL_SIZE
     from jf_jax.decoding.runner import MAX_BLOCK_SIZE
@@ -237,9 +237,10 @@ def run(args) -> dict:
     if args.json is not None:
         check_writable(args.json)
     if "tuned" in (args.block_size, args.pool_size):
-        from jf_jax.tuning.tuner import apply_tuned
+        from jf_jax.tuning.tuner import resolve_tuned
 
-        apply_tuned(args)
+        args.block_size, args.pool_size = resolve_tuned(args.block_size, args.pool_size, args.tune_out)
+        print(f"tuned configuration: block size {args.block_size}, pool size {args.pool_size}", file=sys.stderr)
         check_values(args)
     print(f"loading {args.model} ({args.dtype}) ...", file=sys.stderr)
     model = api.load_model(args.model, dtype=args.dtype)

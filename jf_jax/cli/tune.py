@@ -34,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
     p.add_argument("--prompts", type=Path, help=".jsonl file with a 'prompt' field per line, or .txt, one per line")
     p.add_argument("--no-chat", action="store_true", help="do not apply the model's chat template")
-    p.add_argument("--tune-out", type=Path, default=tuner.DEFAULT_DIR)
+    p.add_argument("--tune-out", type=Path,
+                   help="output directory (default: $JF_JAX_CACHE/tune, else ~/.cache/jf_jax/tune)")
     p.add_argument("--latency-sizes", type=positive_ints, default=measure.LATENCY_SIZES)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--context", type=int, default=128, help="committed KV slots of the latency measurement")

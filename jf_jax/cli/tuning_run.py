@@ -18,7 +18,7 @@ GRID_OPTIONS = ("latency_sizes", "repeats", "context", "block_sizes", "pool_size
 def grid_options(args, names: Sequence[str] = GRID_OPTIONS) -> dict:
     """The ``tuner.tune`` options among ``names`` that a CLI namespace sets, its output directory and a
     ``--tpf-from`` report's TPF grid."""
-    opts = dict(out_dir=Path(getattr(args, "tune_out", None) or tuner.DEFAULT_DIR))
+    opts = dict(out_dir=Path(args.tune_out) if getattr(args, "tune_out", None) else tuner.default_dir())
     opts.update({name: getattr(args, name) for name in names if getattr(args, name, None) is not None})
     if getattr(args, "tpf_from", None) is not None:
         earlier = json.loads(Path(args.tpf_from).read_text())

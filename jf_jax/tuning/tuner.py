@@ -49,9 +49,15 @@ from jf_jax.tuning import roofline
 from jf_jax.tuning.measure import (BLOCK_SIZES, LATENCY_SIZES, NUM_BLOCKS, POOL_SIZES, TUNE_TOKENS, TPFCell,
                                    measure_latency, measure_tpf)
 from jf_jax.tuning.plots import plot_latency, plot_surfaces
+from jf_jax.weights.store import cache_root
 
-DEFAULT_DIR = Path("results/studies/tune")
 JSON_NAME = "tuned.json"
+
+
+def default_dir() -> Path:
+    """Where the tuner writes and decoding reads when no directory is given: this user's jf-jax cache
+    (``$JF_JAX_CACHE/tune``, else ``~/.cache/jf_jax/tune``), never the working directory or the repository."""
+    return Path(cache_root()) / "tune"
 REFERENCE_MODELS = {"qwen2.5-7b": "QWEN2P5_7B_HF_CONFIG"}
 
 
@@ -152,7 +158,7 @@ def analyse(model_name: str, cfg, curve: roofline.MeasuredCurve, cells: Sequence
     }
 
 
-def tune(model, prompts: Sequence[Sequence[int]], *, out_dir: Path = DEFAULT_DIR, chat: bool = True,
+def tune(model, prompts: Sequence[Sequence[int]], *, out_dir: Path | None = None, chat: bool = True,
          latency_sizes: Sequence[int] = LATENCY_SIZES, repeats: int = 5, context: int = 128,
          block_sizes: Sequence[int] = BLOCK_SIZES, pool_sizes: Sequence[int] = POOL_SIZES,
          num_blocks: int = NUM_BLOCKS, spawn_ratio: float = 0.85, max_new_tokens: int = TUNE_TOKENS, seed: int = 0,
@@ -199,7 +205,7 @@ def tune(model, prompts: Sequence[Sequence[int]], *, out_dir: Path = DEFAULT_DIR
         **analyse(getattr(model, "name", "model"), model.cfg, curve, cells, block_sizes=block_sizes,
                   pool_sizes=pool_sizes, context=context, measured_device=device, dtype=dtype),
     }
-    write_outputs(report, Path(out_dir), plots=plots)
+    write_outputs(report, default_dir() if out_dir is None else Path(out_dir), plots=plots)
     return report
 
 
@@ -218,32 +224,33 @@ def write_outputs(report: dict, out_dir: Path, plots: bool = True) -> list[Path]
 # ----------------------------------------------------------------------------------------------------------
 # Reading the result back.
 
-def load_tuned(out_dir: Path = DEFAULT_DIR) -> dict:
-    path = Path(out_dir) / JSON_NAME
+def load_tuned(out_dir: Path | None = None) -> dict:
+    out_dir = default_dir() if out_dir is None else Path(out_dir)
+    path = out_dir / JSON_NAME
     if not path.is_file():
         raise ValueError(f"no tuned configuration at {path}; run `python -m jf_jax.decode --tune --tune-out {out_dir}`")
     return json.loads(path.read_text())
 
 
-def tuned_config(out_dir: Path = DEFAULT_DIR, device: str | None = None) -> dict:
-    """This device's (or ``device``'s) chosen configuration from ``tuned.json``."""
+def tuned_config(out_dir: Path | None = None, device: str | None = None) -> dict:
+    """This device's (or ``device``'s) chosen configuration from ``tuned.json`` in ``out_dir`` (default:
+    ``default_dir()``)."""
     report = load_tuned(out_dir)
     device = device or current_device()
     if device not in report["devices"]:
-        raise ValueError(f"{Path(out_dir) / JSON_NAME} has no entry for device {device!r} "
+        raise ValueError(f"{Path(out_dir or default_dir()) / JSON_NAME} has no entry for device {device!r} "
                          f"(it has {', '.join(report['devices'])})")
     return report["devices"][device]
 
 
-def apply_tuned(args) -> None:
-    """Replaces ``--block-size tuned`` / ``--pool-size tuned`` on a decode.py namespace by this device's choice."""
-    if "tuned" not in (getattr(args, "block_size", None), getattr(args, "pool_size", None)):
-        return
-    choice = tuned_config(getattr(args, "tune_out", None) or DEFAULT_DIR)
-    for name in ("block_size", "pool_size"):
-        if getattr(args, name, None) == "tuned":
-            setattr(args, name, int(choice[name]))
-    print(f"tuned configuration: block size {args.block_size}, pool size {args.pool_size}", file=sys.stderr)
+def resolve_tuned(block_size, pool_size, out_dir: Path | None = None) -> tuple:
+    """``(block_size, pool_size)`` with each one given as "tuned" replaced by this device's choice in
+    ``out_dir``'s ``tuned.json``; the others are returned as given (nothing is read when neither is "tuned")."""
+    if "tuned" not in (block_size, pool_size):
+        return block_size, pool_size
+    choice = tuned_config(out_dir)
+    return tuple(int(choice[name]) if value == "tuned" else value
+                 for name, value in (("block_size", block_size), ("pool_size", pool_size)))
 
 
 def chosen_configs(report: dict):
