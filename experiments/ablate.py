@@ -113,7 +113,10 @@ def main(argv=None) -> int:
     p.add_argument("--runs", default="runs/ablation", help="parent directory of the variants' run dirs")
     p.add_argument("--out", required=True, help="output path without extension (.jsonl, .md, .png)")
     args = p.parse_intermixed_args(argv)  # overrides may follow the options, as in train.py
-    variants = [parse_variant(v) for v in args.variant]
+    try:
+        variants = [parse_variant(v) for v in args.variant]
+    except ValueError as e:
+        p.error(str(e))
 
     from jf_jax.api import encode_prompts, load_model
     from jf_jax.training.config import load_config

@@ -174,8 +174,11 @@ def main(argv=None) -> int:
                      "loss.train_prompt): every variant must time the same examples")
     stream = build_stream(first, "", model_config(first).vocab_size, progress=False)
     multiple = math.lcm(*(c.data.batch_size for c in configs.values()))
-    chosen = choose_examples([len(s) for s in stream.sequences], first.data.buckets, examples=args.examples,
-                             multiple=multiple, seed=args.seed)
+    try:
+        chosen = choose_examples([len(s) for s in stream.sequences], first.data.buckets, examples=args.examples,
+                                 multiple=multiple, seed=args.seed)
+    except ValueError as e:  # too few sequences for whole batches
+        parser.error(str(e))
     sequences = [stream.sequences[i] for i in chosen]
     del stream
     counts: dict[int, int] = {}

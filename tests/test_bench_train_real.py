@@ -1,7 +1,10 @@
-"""experiments/bench_train_real.py: the same real examples timed at every recipe, whole batches only."""
+"""experiments/bench_train_real.py, run as its user runs it: the same real examples timed at every recipe, whole
+batches only, and bad variants or too little data refused in one line."""
 
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -10,37 +13,34 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_YAML = os.path.join(ROOT, "configs", "tiny.yaml")
 
 
-def test_choose_examples_keeps_whole_batches_per_bucket():
-    from experiments.bench_train_real import choose_examples
-    from jf_jax.training.packing import bucket_for
-
-    lengths = [40] * 7 + [60] * 5 + [10]  # buckets 48 (7 sequences), 64 (5), 16 (1)
-    chosen = choose_examples(lengths, [16, 48, 64], examples=8, multiple=4, seed=0)
-    per_bucket = {b: sum(1 for i in chosen if bucket_for(lengths[i], [16, 48, 64]) == b) for b in (16, 48, 64)}
-    assert len(set(chosen)) == len(chosen)
-    assert per_bucket == {16: 0, 48: 4, 64: 4}  # whole batches of 4 only: the lone 10-token sequence is left out
-    with pytest.raises(ValueError, match="too few sequences"):
-        choose_examples([40, 60], [48, 64], examples=4, multiple=4, seed=0)
+def _bench(*args: str):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "bench_train_real.py"), *args],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
-def test_recipes_time_the_same_examples(tmp_path):
-    from experiments.bench_train_real import main
+@pytest.fixture(scope="module")
+def trajectories(tmp_path_factory):
     from jf_jax.training.synthetic import SyntheticRecorder, make_prompts
     from jf_jax.training.trajectories import collect
 
     dirs = []
     for prompt_len, seed in ((8, 1), (20, 2)):  # two prompt lengths: two length buckets (40 and 52 tokens)
-        dirs.append(str(tmp_path / f"traj{prompt_len}"))
+        dirs.append(str(tmp_path_factory.mktemp(f"traj{prompt_len}")))
         collect(make_prompts(6, prompt_len, 64, seed=seed), SyntheticRecorder(4, 4, 64), dirs[-1], block_size=4,
                 progress=False)
+    return [TINY_YAML, "data.source=trajectories", f"data.path=[{dirs[0]},{dirs[1]}]", "data.buckets=[48,64]"]
+
+
+def test_recipes_time_the_same_examples(trajectories, tmp_path):
     out = tmp_path / "bench.json"
-    assert main([TINY_YAML, "data.source=trajectories", f"data.path=[{dirs[0]},{dirs[1]}]", "data.buckets=[48,64]",
-                 "--variant", "b1: data.batch_size=1",
-                 "--variant", "b2_kl: data.batch_size=2 loss.ar_teacher=reference",
-                 "--examples", "8", "--json", str(out)]) == 0
+    proc = _bench(*trajectories, "--variant", "b1: data.batch_size=1",
+                  "--variant", "b2_kl: data.batch_size=2 loss.ar_teacher=reference",
+                  "--examples", "8", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert sorted(report["bucket_counts"]) == ["48", "64"]
-    assert all(n % 2 == 0 for n in report["bucket_counts"].values())
+    assert all(n % 2 == 0 for n in report["bucket_counts"].values())  # whole batches of the largest batch size
     b1, b2 = report["variants"]["b1"], report["variants"]["b2_kl"]
     assert (b1["batch_size"], b2["batch_size"], b2["ar_teacher"]) == (1, 2, "reference (clean tokens)")
     assert b1["examples"] == b2["examples"] == sum(report["bucket_counts"].values())
@@ -52,13 +52,16 @@ def test_recipes_time_the_same_examples(tmp_path):
     assert "| b2_kl | 2 | reference (clean tokens) |" in table and "s / ex. @64" in table
 
 
-def test_bad_variant_is_a_clear_error(capsys):
-    from experiments.bench_train_real import main
+def test_too_few_examples_for_whole_batches_is_one_error_line(trajectories, tmp_path):
+    proc = _bench(*trajectories, "--variant", "b64: data.batch_size=64", "--examples", "8",
+                  "--json", str(tmp_path / "b.json"))
+    assert proc.returncode == 2 and "too few sequences" in proc.stderr and "Traceback" not in proc.stderr
 
-    with pytest.raises(SystemExit):
-        main([TINY_YAML, "--variant", "no colon"])
-    assert "NAME" in capsys.readouterr().err
-    with pytest.raises(SystemExit):  # refused before any trajectory is read: the variants would time other examples
-        main([TINY_YAML, "data.source=trajectories", "data.path=/nonexistent", "--variant", "a:",
-              "--variant", "b: data.window=2"])
-    assert "['b'] change the data or its packing" in capsys.readouterr().err
+
+def test_bad_variant_is_a_clear_error():
+    proc = _bench(TINY_YAML, "--variant", "no colon")
+    assert proc.returncode == 2 and "NAME" in proc.stderr
+    # refused before any trajectory is read: the variants would time other examples
+    proc = _bench(TINY_YAML, "data.source=trajectories", "data.path=/nonexistent", "--variant", "a:",
+                  "--variant", "b: data.window=2")
+    assert proc.returncode == 2 and "['b'] change the data or its packing" in proc.stderr

@@ -314,40 +314,45 @@ def test_run_script_collects_where_its_config_reads(mode):
     assert collector == ("smollm2-135m" if cfg.model.source == "pretrained" else cfg.model.path)
 
 
-def test_ablation_variants_and_table():
-    from experiments.ablate import markdown, parse_variant
+def _run_study(script: str, *args: str):
+    """An experiments/ study run as its user runs it (a script, not an import: no test imports experiments/)."""
+    import subprocess
+    import sys
 
-    assert parse_variant("cw10: loss.consistency_weight=10 optim.learning_rate=1e-4") == (
-        "cw10", ["loss.consistency_weight=10", "optim.learning_rate=1e-4"])
-    for bad in ("no colon here", ": x=1", "base: x=1", "a/b: x=1"):
-        with pytest.raises(ValueError, match="NAME"):
-            parse_variant(bad)
-    rows = [dict(name="base", overrides=[], tpf=1.0, token_ids=[[1, 2], [3]]),
-            dict(name="cw10", overrides=["loss.consistency_weight=10"], tpf=1.25, train_seconds=12.0,
-                 losses={"loss/ar": 0.5, "loss/consistency": 0.25, "loss/total": 7.5}, token_ids=[[1, 2], [4]])]
-    table = markdown(rows, "# header")
-    assert "| cw10 | loss.consistency_weight=10 | 1.250 | 1.250 | 0.500 | 0.250 | 12 | 0.50 |" in table
-    rows[0]["humaneval_nll"], rows[1]["humaneval_nll"] = 0.75, 0.875
-    assert "| 12 | 0.50 | 0.875 |" in markdown(rows, "# header")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, os.path.join(root, "experiments", script), *args], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=600)
 
 
-def test_lever_tradeoff_plot_reads_ablate_tables(tmp_path):
-    from experiments.ablate import markdown
-    from experiments.plot_levers import main, read_table
+@pytest.mark.parametrize("bad", ["no colon here", ": x=1", "base: x=1", "a/b: x=1"])
+def test_ablation_refuses_a_bad_variant_in_one_line(bad, tmp_path):
+    proc = _run_study("ablate.py", "configs/tiny.yaml", "--steps", "1", "--prompts", str(tmp_path / "none.jsonl"),
+                      "--out", str(tmp_path / "out"), "--variant", bad)
+    assert proc.returncode == 2 and "NAME" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
-    rows = [dict(name="base", overrides=[], tpf=1.0, humaneval_nll=0.75, token_ids=[[1]]),
-            dict(name="kl", overrides=["loss.ar_teacher=reference"], tpf=1.25, humaneval_nll=0.875, train_seconds=3.0,
-                 losses={"loss/ar": 0.5, "loss/consistency": 0.25}, token_ids=[[2]])]
+
+_ABLATION_TABLE = """# {title}  (the layout experiments/ablate.py writes)
+
+| variant | overrides | TPF | vs base | loss/ar | loss/consistency | train s | same as base | HumanEval NLL |
+|---|---|---|---|---|---|---|---|---|
+| base |  | {base_tpf} | {base_tpf} | | | | 1.00 | 0.750 |
+| kl | loss.ar_teacher=reference | 1.250 | 1.250 | 0.500 | 0.250 | 3 | 0.50 | 0.875 |
+"""
+
+
+def test_lever_tradeoff_plot_reads_ablation_tables(tmp_path):
     a, b, plain = tmp_path / "a.md", tmp_path / "b.md", tmp_path / "plain.md"
-    a.write_text(markdown(rows, "# a"))
-    assert read_table(str(a)) == [dict(name="base", tpf=1.0, nll=0.75), dict(name="kl", tpf=1.25, nll=0.875)]
-    assert main([str(a), str(a), "--out", str(tmp_path / "t.png")]) == 0 and (tmp_path / "t.png").stat().st_size
-    b.write_text(markdown([{**rows[0], "tpf": 1.5}, rows[1]], "# b"))
-    with pytest.raises(SystemExit):  # bases measured differently: refused, not drawn
-        main([str(a), str(b), "--out", str(tmp_path / "u.png")])
-    plain.write_text(markdown([{k: v for k, v in r.items() if k != "humaneval_nll"} for r in rows], "# p"))
-    with pytest.raises(ValueError, match="no HumanEval NLL column"):
-        read_table(str(plain))
+    a.write_text(_ABLATION_TABLE.format(title="a", base_tpf="1.000"))
+    proc = _run_study("plot_levers.py", str(a), str(a), "--out", str(tmp_path / "t.png"))
+    assert proc.returncode == 0 and (tmp_path / "t.png").stat().st_size, proc.stderr
+    b.write_text(_ABLATION_TABLE.format(title="b", base_tpf="1.500"))
+    proc = _run_study("plot_levers.py", str(a), str(b), "--out", str(tmp_path / "u.png"))
+    assert proc.returncode == 2 and "base rows differ" in proc.stderr  # measured differently: refused, not drawn
+    plain.write_text("\n".join(line.rsplit("|", 2)[0] + "|" if line.startswith("|") else line
+                               for line in _ABLATION_TABLE.format(title="p", base_tpf="1.000").splitlines()))
+    proc = _run_study("plot_levers.py", str(plain), "--out", str(tmp_path / "v.png"))
+    assert proc.returncode == 2 and "no HumanEval NLL column" in proc.stderr
 
 
 def test_code_quality_checks():

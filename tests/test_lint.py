@@ -99,3 +99,14 @@ def test_module_import_graph_has_no_cycle():
         if m not in state and visit(m, [m]):
             break
     assert not cycle, " -> ".join(cycle)
+
+
+def test_nothing_imports_the_experiments_folder():
+    """experiments/ holds benchmarks and studies, run as scripts; the package and the tests never import them."""
+    wrong = []
+    for path in [*sorted((ROOT / "tests").rglob("*.py")), *(p for _, p in project_modules())]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            wrong += [f"{path.relative_to(ROOT)} imports {n}" for n in names if n.split(".")[0] == "experiments"]
+    assert not wrong, "\n".join(wrong)
