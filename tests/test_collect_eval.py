@@ -85,12 +85,12 @@ def test_collect_cli_refuses_an_unwritable_out_before_loading_a_model(tmp_path, 
 
 
 def test_output_dir_check_creates_the_directory_and_leaves_nothing_in_it(tmp_path):
-    from jf_jax.cli.collect import output_dir_error
+    from jf_jax.cli.output_paths import directory_problem
 
     target = tmp_path / "new" / "deeper"
-    assert output_dir_error(str(target)) is None
+    assert directory_problem(str(target)) is None
     assert target.is_dir() and os.listdir(target) == []
-    assert output_dir_error(str(target)) is None  # an existing directory (a run or a collection to resume)
+    assert directory_problem(str(target)) is None  # an existing directory (a run or a collection to resume)
 
 
 def test_collect_writes_resumable_trajectories(tmp_path):

@@ -17,33 +17,11 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import sys
-import tempfile
 import time
 
+from jf_jax.cli.output_paths import directory_problem
 from jf_jax.data.build import read_jsonl
-
-
-def output_dir_error(directory: str) -> str | None:
-    """Why files could not be written in ``directory``, or None when they can: the pipeline commands (collect,
-    train, evaluate) ask before any work, so that a bad output path fails at once, not after hours. Creates the
-    directory (and its parents) when it is missing, as the command would, then creates and removes a temporary
-    file in it."""
-    path = os.path.abspath(directory)
-    existing = path
-    while not os.path.lexists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        return f"{existing} is not a directory"
-    try:
-        os.makedirs(path, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".jf_jax_write_check_", dir=path)
-        os.close(fd)
-        os.remove(probe)
-    except OSError as e:
-        return f"{e.strerror or e}" + (f" ({e.filename})" if e.filename else "")
-    return None
 
 
 def select_prompts(rows: list[dict], domains: str | None, limit: int | None, offset: int = 0) -> list[dict]:
@@ -111,7 +89,7 @@ def main(argv=None) -> int:
                         "(jf_jax.training.tfds_data: random access, no TensorFlow)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
-    problem = output_dir_error(args.out)
+    problem = directory_problem(args.out)
     if problem:
         print(f"error: cannot write --out {args.out}: {problem}", file=sys.stderr)
         return 2

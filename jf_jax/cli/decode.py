@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+from jf_jax.cli.output_paths import file_problem
 from jf_jax.data.prompt_files import gather_prompts
 from jf_jax.decoding import stats
 
@@ -176,17 +177,10 @@ def summarize(runs: list[dict]) -> dict:
 
 
 def check_writable(path: Path) -> None:
-    """Fails before any work when the report could not be written: creates the parent directory and opens the
-    file for appending (removed again when it did not exist)."""
-    existed = path.exists()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a"):
-            pass
-    except OSError as e:
-        raise ValueError(f"cannot write the JSON report to {path}: {e.strerror or e}") from None
-    if not existed:
-        path.unlink()
+    """Fails before any work when the report could not be written (``output_paths.file_problem``)."""
+    problem = file_problem(str(path))
+    if problem:
+        raise ValueError(f"cannot write the JSON report to {path}: {problem}")
 
 
 def format_table(runs: list[dict], summary: dict) -> str:

@@ -29,7 +29,7 @@ import statistics
 import sys
 import time
 
-from jf_jax.cli.collect import output_dir_error
+from jf_jax.cli.output_paths import file_problem
 from jf_jax.cli.tune import positive_ints
 from jf_jax.data.build import read_jsonl
 
@@ -232,15 +232,7 @@ def markdown(results: list[dict], args: dict) -> str:
 
 def out_error(out: str) -> str | None:
     """Why OUT.json and OUT.md could not be written, or None when they can (their directory is created)."""
-    problem = output_dir_error(os.path.dirname(os.path.abspath(out)))
-    if problem:
-        return problem
-    for path in (out + ".json", out + ".md"):
-        if os.path.isdir(path):
-            return f"{path} is a directory"
-        if os.path.exists(path) and not os.access(path, os.W_OK):
-            return f"{path} is not writable"
-    return None
+    return next(filter(None, (file_problem(out + ext) for ext in (".json", ".md"))), None)
 
 
 def main(argv=None) -> int:

@@ -19,7 +19,7 @@ import argparse
 import sys
 import time
 
-from jf_jax.cli.collect import output_dir_error
+from jf_jax.cli.output_paths import directory_problem
 from jf_jax.training.config import load_config
 from jf_jax.training.loop import DroppedSequencesError, NonFiniteLossError, run_training
 
@@ -79,7 +79,7 @@ def main(argv=None) -> int:
         jax.distributed.initialize(coordinator_address=args.coordinator, num_processes=args.num_processes,
                                    process_id=args.process_id)
     tcfg = load_config(args.config, args.overrides)
-    problem = output_dir_error(args.run_dir)  # before any work: not a traceback after the data and the model
+    problem = directory_problem(args.run_dir)  # before any work: not a traceback after the data and the model
     if problem:
         print(f"error: cannot write the run directory {args.run_dir}: {problem}", file=sys.stderr)
         return 2
