@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 from jf_jax.weights import run_dir as rd
 from jf_jax.training import tensorboard
 from jf_jax.model.config import ModelConfig
-from jf_jax.training.packing import BatchStream, example_from_records, pack_example
+from jf_jax.training.packing import BatchStream, bucket_for, example_from_records, pack_example
 from jf_jax.model.params import abstract_params, init_params
 from jf_jax.model.sharding import ShardingRules, make_mesh
 from jf_jax.training.synthetic import SyntheticRecorder, make_prompts
@@ -161,7 +161,7 @@ def check_dropped(lengths: Sequence[int], buckets: Sequence[int], max_share: flo
     if not 0.0 <= max_share <= 1.0:
         raise ConfigKeyError(f"data.max_dropped_share must be between 0 and 1, got {max_share}")
     largest = max(buckets)
-    dropped = sum(n > largest for n in lengths)
+    dropped = sum(bucket_for(n, buckets) is None for n in lengths)  # BatchStream's own rule
     share = dropped / len(lengths) if lengths else 0.0
     if share > max_share:
         longest = max(lengths)
