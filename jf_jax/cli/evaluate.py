@@ -40,14 +40,10 @@ def _speed_one(model, method: str, prompts, *, max_new_tokens: int, options: dic
 
     decode = METHODS[method]
     eos = model.tokenizer.eos_ids
-    tokens, per_prompt = [], []
-    # One prompt per call for every method, so each prompt's timing is its own (AR would batch a list).
-    calls = [[ids] for ids in prompts] if method == "ar" else [prompts]
-    for call in calls:
-        r = decode(model.params, model.cfg, call, max_new_tokens=max_new_tokens, eos_ids=eos,
-                   first_index=len(tokens), **options)
-        tokens += r.token_ids
-        per_prompt += r.stats["per_prompt"]
+    # Every method decodes one prompt at a time (batch_size 1, the default), so each prompt's timing is its own.
+    r = decode(model.params, model.cfg, prompts, max_new_tokens=max_new_tokens, eos_ids=eos, batch_size=1,
+               **options)
+    tokens, per_prompt = r.token_ids, r.stats["per_prompt"]
     total = summarize(per_prompt)
     return dict(method=method, prompts=len(prompts), tokens=total["tokens"], forwards=total["forwards"],
                 tpf=total["tokens_per_forward"], tpf_mean=total["mean_tokens_per_forward"],
