@@ -1,20 +1,23 @@
-"""Flash attention with the per-token Jacobi Forcing mask, skipping fully masked tiles (Pallas).
+"""Flash attention with the per-token Jacobi Forcing mask, skipping fully masked tiles (Pallas): the entry point
+``attention``, and its Triton kernel. The TPU (Mosaic) kernels are ``tpu_attention`` and ``tpu_attention_backward``.
 
 Same signature and semantics as ``attention_reference``: q [B, T, H, D], k/v [B, S, K, D] (GQA, H a multiple
 of K), per-token ``TokenMeta`` for queries and keys, float32 softmax, zero output rows for queries that may
 attend nothing. Layers:
 
-1. *Tile schedule* (plain JAX, in the wrapper). Each query/key tile is summarised per stream (context, noisy,
-   clean) by the min/max of its valid tokens' position, block and segment. A conservative tile-level version
-   of ``mask.allowed`` over those intervals says which (query tile, key tile) pairs may hold a visible pair;
-   the visited key tiles of each query tile are compacted into a list. Skipped tiles are never loaded nor
-   computed: the kernel's key loop runs over the list only. Per stream, positions grow with the block index
-   in every layout we build, so the test is exact for them (not merely conservative); see the tests.
+1. *Tile schedule* (plain JAX, in the wrapper; ``schedule.py``). Each query/key tile is summarised per
+   stream (context, noisy, clean) by the min/max of its valid tokens' position, block and segment. A
+   conservative tile-level version of ``mask.allowed`` over those intervals says which (query tile, key tile)
+   pairs may hold a visible pair; the visited key tiles of each query tile are compacted into a list. Skipped
+   tiles are never loaded nor computed: the kernel's key loop runs over the list only. Per stream, positions
+   grow with the block index in every layout we build, so the test is exact for them (not merely
+   conservative); see the tests.
 2. *Kernel* (``_flash_kernel``): one program per (batch, head, query tile); online softmax in float32 over
    the visited key tiles, evaluating ``mask.allowed`` elementwise from per-token data inside each tile.
 3. ``attention``: pads lengths to the tiles (padding tokens get segment -1: never visible, zero rows) and the
    head dim to a power of two, picks tiles from ``tuning``, and runs on Triton (GPU) or in Pallas interpret
-   mode (chosen automatically on CPU). A ``jax.custom_vjp`` differentiates the reference for the backward.
+   mode (chosen automatically on CPU). A ``jax.custom_vjp`` gives the backward: on the Triton path it
+   differentiates the reference (O(T*S) memory per head); on the TPU path it runs the fused dq/dk/dv kernels.
 """
 
 from __future__ import annotations
@@ -22,8 +25,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import NamedTuple
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -31,109 +32,15 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from pallas_kernels.attention_reference import attention_reference, check_attention_shapes
-from pallas_kernels.mask import (MASK_CLEAN_CONTEXT, MASK_KINDS, MASK_NOISE_CONDITIONED, STREAM_CLEAN,
-                                 STREAM_CONTEXT, STREAM_NOISY, TokenMeta, allowed)
+from pallas_kernels.mask import MASK_KINDS, MASK_NOISE_CONDITIONED, TokenMeta, allowed
+# The tile schedule lives in its own module (the TPU kernels share it); re-exported here, where callers found it.
+from pallas_kernels.schedule import (TileSummary, pad_meta, round_up, tile_schedule, tile_sparsity,  # noqa: F401
+                                     tile_summary, tile_visit_mask)
 from pallas_kernels.tuning import BlockSizes, block_sizes_for
 
-BACKENDS = ("triton",)
-_STREAMS = (STREAM_CONTEXT, STREAM_NOISY, STREAM_CLEAN)
-# Sentinels for empty summaries: an empty set has min > max, so every interval comparison with it is False.
-_BIG = 1 << 30
+BACKENDS = ("triton", "tpu")
 # Finite (not -inf) so that exp(s - m) never sees inf - inf; masked probabilities are zeroed explicitly.
 _MASK_VALUE = -1e30
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Tile schedule (plain JAX, runs in the wrapper)
-# ----------------------------------------------------------------------------------------------------------
-
-class TileSummary(NamedTuple):
-    """Per (row, tile, stream) min/max over the tile's valid tokens of that stream; fields [B, n_tiles, 3]."""
-
-    pos_min: jax.Array
-    pos_max: jax.Array
-    block_min: jax.Array
-    block_max: jax.Array
-    seg_min: jax.Array
-    seg_max: jax.Array
-
-
-def tile_summary(meta: TokenMeta, tile: int) -> TileSummary:
-    """Summaries of ``meta`` ([B, N] fields, N a multiple of ``tile``) per tile and per stream.
-
-    Padding tokens (segment < 0) take part in nothing, so they are left out: a tile of padding is empty.
-    Streams other than context/noisy/clean are not summarised (``mask.py`` defines only those three).
-    """
-    B, N = meta.position.shape
-    if N % tile:
-        raise ValueError(f"sequence length {N} is not a multiple of the tile {tile}")
-    split = lambda x: x.reshape(B, N // tile, 1, tile)  # noqa: E731
-    streams = jnp.asarray(_STREAMS, jnp.int32).reshape(1, 1, len(_STREAMS), 1)
-    member = (split(meta.segment) >= 0) & (split(meta.stream) == streams)  # [B, n, 3, tile]
-    lo = lambda x: jnp.min(jnp.where(member, split(x), _BIG), axis=-1)  # noqa: E731
-    hi = lambda x: jnp.max(jnp.where(member, split(x), -_BIG), axis=-1)  # noqa: E731
-    return TileSummary(lo(meta.position), hi(meta.position), lo(meta.block), hi(meta.block),
-                       lo(meta.segment), hi(meta.segment))
-
-
-def tile_visit_mask(q_meta: TokenMeta, k_meta: TokenMeta, block_q: int, block_k: int,
-                    mask_kind: str = MASK_NOISE_CONDITIONED):
-    """[B, T/block_q, S/block_k] bool: False only where no (query, key) pair of the two tiles is visible.
-
-    Mirrors ``mask.allowed`` clause by clause on intervals, for every (query stream, key stream) pair: an
-    interval comparison is True whenever some pair of members satisfies the elementwise one, so a skipped
-    tile pair is fully masked. Lengths must already be multiples of the tiles (``attention`` pads).
-    """
-    if mask_kind not in MASK_KINDS:
-        raise ValueError(f"unknown mask kind {mask_kind!r}; expected one of {MASK_KINDS}")
-    qs, ks = tile_summary(q_meta, block_q), tile_summary(k_meta, block_k)
-    Q = TileSummary(*(f[:, :, None, :, None] for f in qs))  # [B, nq, 1, 3 (q stream), 1]
-    K = TileSummary(*(f[:, None, :, None, :] for f in ks))  # [B, 1, nk, 1, 3 (k stream)]
-    sq = jnp.asarray(_STREAMS, jnp.int32)[:, None]
-    sk = jnp.asarray(_STREAMS, jnp.int32)[None, :]
-    same_segment = (K.seg_min <= Q.seg_max) & (Q.seg_min <= K.seg_max)
-    causal = K.pos_min <= Q.pos_max
-    earlier_block = K.block_min < Q.block_max
-    block_overlap = (K.block_min <= Q.block_max) & (Q.block_min <= K.block_max)
-    visible = ((sk == STREAM_CONTEXT) & causal) | ((sq == sk) & (earlier_block | (block_overlap & causal)))
-    if mask_kind == MASK_CLEAN_CONTEXT:
-        visible |= (sq == STREAM_NOISY) & (sk == STREAM_CLEAN) & earlier_block
-    return jnp.any(same_segment & visible, axis=(-2, -1))
-
-
-def tile_schedule(visit):
-    """Compacts a [B, nq, nk] visit mask into [B, nq, nk'] key-tile indices, ascending, padded with -1.
-
-    nk' is nk rounded up to a power of two because Triton tensors must have power-of-two shapes. The t-th
-    visited tile is the number of tiles whose inclusive visit count is <= t: a compare-and-sum, cheaper to
-    compile than a sort or a scatter.
-    """
-    B, nq, nk = visit.shape
-    slots = jnp.arange(pl.next_power_of_2(nk), dtype=jnp.int32)  # [nk']
-    counts = jnp.cumsum(visit.astype(jnp.int32), axis=-1)  # [B, nq, nk]
-    index = jnp.sum(counts[..., None, :] <= slots[:, None], axis=-1, dtype=jnp.int32)  # [B, nq, nk']
-    return jnp.where(slots < counts[..., -1:], index, -1)
-
-
-def tile_sparsity(q_meta: TokenMeta, k_meta: TokenMeta, *, block_q: int, block_k: int,
-                  mask_kind: str = MASK_NOISE_CONDITIONED):
-    """Fraction of (row, query tile, key tile) triples the kernel skips, after padding to the tiles."""
-    T, S = q_meta.position.shape[1], k_meta.position.shape[1]
-    visit = tile_visit_mask(pad_meta(q_meta, _round_up(T, block_q)), pad_meta(k_meta, _round_up(S, block_k)),
-                            block_q, block_k, mask_kind)
-    return 1.0 - jnp.mean(visit.astype(jnp.float32))
-
-
-def pad_meta(meta: TokenMeta, length: int) -> TokenMeta:
-    """Pads [B, N] metadata to ``length`` with padding tokens (segment -1: never visible, zero output)."""
-    extra = length - meta.position.shape[1]
-    fill = TokenMeta(position=0, segment=-1, stream=STREAM_CONTEXT, block=-1)
-    return TokenMeta(*(jnp.pad(jnp.asarray(f, jnp.int32), ((0, 0), (0, extra)), constant_values=c)
-                       for f, c in zip(meta, fill)))
-
-
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -211,7 +118,7 @@ def _forward(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, static: _Static):
     # Shrink tiles for short inputs (a decode block of 16 queries should not pay for a 128-row tile).
     block_q = min(static.block_sizes.block_q, max(16, pl.next_power_of_2(T)))
     block_k = min(static.block_sizes.block_k, max(16, pl.next_power_of_2(S)))
-    T_pad, S_pad = _round_up(T, block_q), _round_up(S, block_k)
+    T_pad, S_pad = round_up(T, block_q), round_up(S, block_k)
     # Zero-padding the head dim changes no dot product; Triton needs power-of-two dims of at least 16.
     D_pad = max(16, pl.next_power_of_2(D))
     q = jnp.pad(q, ((0, 0), (0, T_pad - T), (0, 0), (0, D_pad - D)))
@@ -250,12 +157,26 @@ def _forward(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, static: _Static):
     return out[:, :T, :, :D]
 
 
+def _tpu_static(q, k, static: _Static):
+    from pallas_kernels import tpu_attention  # imported on demand, like the Triton module on the GPU path
+
+    block_q, block_k = tpu_attention.tile_sizes(static.block_sizes.block_q, static.block_sizes.block_k,
+                                                q.shape[1], k.shape[1])
+    return tpu_attention.TpuStatic(static.mask_kind, static.scale, block_q, block_k, static.interpret)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
 def _attention(q, k, v, q_meta, k_meta, static: _Static):
-    return _forward(q, k, v, q_meta, k_meta, static)
+    return _attention_fwd(q, k, v, q_meta, k_meta, static)[0]
 
 
 def _attention_fwd(q, k, v, q_meta, k_meta, static: _Static):
+    if static.backend == "tpu":
+        from pallas_kernels import tpu_attention
+
+        out, lse = tpu_attention.forward(q, k, v, q_meta, k_meta, _tpu_static(q, k, static))
+        # O(T) residuals: the fused backward recomputes the probabilities from the log-sum-exp.
+        return out, (q, k, v, q_meta, k_meta, out, lse)
     return _forward(q, k, v, q_meta, k_meta, static), (q, k, v, q_meta, k_meta)
 
 
@@ -268,10 +189,17 @@ def _reference_grads(q, k, v, q_meta, k_meta, d_out, *, mask_kind: str, scale: f
 
 
 def _attention_bwd(static: _Static, residuals, d_out):
-    # Backward = differentiate the reference (which defines the semantics): exact, but memory O(T*S) per head. A fused
-    # backward kernel would reuse the same tile schedule; it is not written yet.
-    q, k, v, q_meta, k_meta = residuals
-    dq, dk, dv = _reference_grads(q, k, v, q_meta, k_meta, d_out, mask_kind=static.mask_kind, scale=static.scale)
+    q, k, v, q_meta, k_meta = residuals[:5]
+    if static.backend == "tpu":
+        from pallas_kernels import tpu_attention_backward
+
+        out, lse = residuals[5:]
+        dq, dk, dv = tpu_attention_backward.backward(q, k, v, q_meta, k_meta, out, lse, d_out,
+                                                     _tpu_static(q, k, static))
+    else:
+        # Triton: differentiate the reference (which defines the semantics): exact, but memory O(T*S) per head.
+        dq, dk, dv = _reference_grads(q, k, v, q_meta, k_meta, d_out, mask_kind=static.mask_kind,
+                                      scale=static.scale)
     no_grad = lambda meta: TokenMeta(*(np.zeros(f.shape, jax.dtypes.float0) for f in meta))  # noqa: E731
     return dq, dk, dv, no_grad(q_meta), no_grad(k_meta)
 
@@ -286,8 +214,12 @@ def attention(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, *, mask_kind: str =
 
     q: [B, T, H, D]; k, v: [B, S, K, D]; q_meta fields [B, T], k_meta fields [B, S] (int32). Returns
     [B, T, H, D] in q's dtype. ``block_sizes``: tiles (default: ``tuning.block_sizes_for`` the first device).
-    ``interpret``: run the kernel in Pallas interpret mode (default: when JAX's default backend is CPU).
-    ``backend``: the compiled GPU variant, "triton" (default).
+    ``interpret``: run the kernel in Pallas interpret mode (default: when JAX's default backend is CPU); with
+    ``backend="tpu"`` that is the TPU interpret mode (``pltpu.InterpretParams``), which simulates the TPU's grid,
+    scalar prefetch and VMEM scratch on the host.
+    ``backend``: "triton" (the GPU kernel, ``_flash_kernel``) or "tpu" (the Mosaic kernels of ``tpu_attention``
+    and ``tpu_attention_backward``, with a fused backward). Default: "tpu" when JAX's default backend is a TPU,
+    else "triton".
     """
     check_attention_shapes(q, k, v, q_meta, k_meta)
     if mask_kind not in MASK_KINDS:
@@ -295,9 +227,10 @@ def attention(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, *, mask_kind: str =
     if q.dtype != k.dtype or q.dtype != v.dtype:
         raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype} (shapes {q.shape}, {k.shape})")
     if interpret is None:
-        # interpret=False off-GPU is allowed on purpose: it lets jax.export lower the Triton kernel on a CPU host.
+        # interpret=False off the device is allowed on purpose: it lets jax.export lower either kernel on a CPU host.
         interpret = jax.default_backend() == "cpu"
-    backend = "triton" if backend is None else backend
+    if backend is None:
+        backend = "tpu" if jax.default_backend() == "tpu" else "triton"
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
     if block_sizes is None:

@@ -2,7 +2,8 @@
 
 The kernel reads its tiles from here rather than hard-coding them (as openxla/tokamax does: tuned
 values per device as data). Keys are substrings matched case-insensitively against ``jax.Device.device_kind``
-("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "cpu", ...), in table order, so list specific names first.
+("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "TPU v5 lite", "cpu", ...), in table order, so list specific
+names first.
 
 Provenance: none of the GPU rows has been autotuned in this project (no GPU was available when they were
 written). They are the starting points used by the Triton fused-attention tutorial and JAX's Pallas GPU
@@ -54,6 +55,16 @@ TILE_SIZES: dict[str, BlockSizes] = {
     "H200": BlockSizes(block_q=128, block_k=32, num_warps=8, num_stages=3),
     "H100": BlockSizes(block_q=128, block_k=32, num_warps=8, num_stages=3),
     "A100": BlockSizes(block_q=128, block_k=64, num_warps=4, num_stages=3),
+    # TPUs, by jax.Device.device_kind: "TPU v4", "TPU v5 lite" (v5e), "TPU v5" or "TPU v5p" (v5p), "TPU v6 lite"
+    # (v6e); the v5e row comes before the v5p one, whose key is its prefix. Not measured (no TPU has been lent
+    # to this project): 128 keys is the smallest key tile the kernel's layout allows (keys' data on lanes) and one
+    # pass of a 128x128 MXU (v4, v5e, v5p); v6e's MXU is 256x256, so it takes 256x256. Each row compiles for its
+    # generation, forward and backward, at head dim 128 (tests/test_pallas_attention.py::TestTpuCompile).
+    # num_warps / num_stages are Triton's and unused here.
+    "TPU v6": BlockSizes(block_q=256, block_k=256),
+    "TPU v5 lite": BlockSizes(block_q=128, block_k=128),
+    "TPU v5": BlockSizes(block_q=128, block_k=128),
+    "TPU v4": BlockSizes(block_q=128, block_k=128),
     # Interpret mode runs one grid step at a time on the host: larger tiles mean fewer, vectorised steps.
     "cpu": BlockSizes(block_q=64, block_k=64),
     "default": BlockSizes(block_q=64, block_k=64, num_warps=4, num_stages=2),

@@ -1,8 +1,11 @@
-"""The flash-attention kernel against the plain-JAX reference: one shared battery, one subclass per backend.
+"""The flash-attention kernels against the plain-JAX reference: one shared battery, one subclass per backend.
 
-``AttentionBattery`` holds every check; ``TestPallasInterpret`` runs it in Pallas interpret mode on CPU and
-``TestPallasGPU`` compiles it with Triton (skipped without a GPU). Shapes are small because interpret mode
-runs the kernel's grid step by step on the host. Mask layouts are built here independently of the trainer.
+``AttentionBattery`` holds every check. ``TestPallasInterpret`` runs the Triton kernel in Pallas interpret mode on
+CPU and ``TestPallasGPU`` compiles it with Triton (skipped without a GPU); ``TestTpuInterpret`` runs the TPU
+(Mosaic) kernels and their fused backward in TPU interpret mode on CPU and ``TestPallasTPU`` compiles them
+(skipped without a TPU). Shapes are small because interpret mode runs the kernel's grid step by step on the host
+(the TPU interpret mode simulates every grid step's copies: tens of milliseconds a step). Mask layouts are built
+here independently of the trainer. Lowering and compiling for TPUs from a CPU host: tests/test_pallas_tpu.py.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.test_util import check_grads
 
 from pallas_kernels import attention_reference
 from pallas_kernels.flash_attention import attention, tile_sparsity, tile_visit_mask
@@ -120,18 +124,39 @@ def _reference(case: Case, q, k, v):
                           precision=jax.lax.Precision.HIGHEST)
 
 
+def _poisoned_decode_case():
+    """Cache slots 14..39 are dead in both rows (lengths 5 and 14); slots 16..31 fill key tile 1, which no query
+    tile visits. NaN there would poison any tile that read it (0 * NaN = NaN), so exact results show a kernel
+    neither loads nor computes skipped tiles. (Same shapes as "jacobi_decode".)"""
+    q_meta, k_meta = decode_meta([5, 14], capacity=40, block=16)
+    case = dataclasses.replace(CASES["jacobi_decode"], q_meta=q_meta, k_meta=k_meta)
+    q, k, v = _inputs(case, jnp.float32)
+    dead = (np.arange(k.shape[1]) >= 16) & (np.arange(k.shape[1]) < 32)
+    assert not np.any(np.asarray(k_meta.segment)[:, dead] >= 0)
+    poison = lambda x: jnp.where(dead[None, :, None, None], jnp.nan, x)  # noqa: E731
+    return case, q, k, v, dead, poison
+
+
 class AttentionBattery:
-    """Every kernel check; subclasses choose the backend by setting INTERPRET."""
+    """Every kernel check; subclasses choose the kernel (BACKEND) and interpret mode or the device (INTERPRET)."""
 
     INTERPRET: bool = True
+    BACKEND: str = "triton"
+    DEVICE: str = "gpu"  # the JAX backend the compiled subclass needs
+    ATTENTION_IMPL: str = "pallas_triton"  # the ModelConfig switch that selects this kernel
 
     def setup_method(self, method):
-        if not self.INTERPRET and jax.default_backend() != "gpu":
-            pytest.skip(f"no GPU (default backend {jax.default_backend()!r}); the interpret subclass covers CPU")
+        if not self.INTERPRET and jax.default_backend() != self.DEVICE:
+            pytest.skip(f"no {self.DEVICE.upper()} (default backend {jax.default_backend()!r}); the interpret "
+                        f"subclass covers CPU")
 
     def kernel(self, case: Case, q, k, v):
         return attention(q, k, v, case.q_meta, case.k_meta, mask_kind=case.mask_kind, block_sizes=case.tiles,
-                         interpret=self.INTERPRET)
+                         interpret=self.INTERPRET, backend=self.BACKEND)
+
+    def fused_backward_only(self):
+        if self.BACKEND != "tpu":
+            pytest.skip("the Triton path's backward differentiates the reference, which reads every tile")
 
     @pytest.mark.parametrize("name", sorted(CASES))
     def test_forward_float32(self, name):
@@ -152,7 +177,7 @@ class AttentionBattery:
         expected = _reference(case, *(x.astype(jnp.float32) for x in (q, k, v)))
         np.testing.assert_allclose(out.astype(jnp.float32), expected, rtol=2e-2, atol=2e-2)
 
-    @pytest.mark.parametrize("name", ["jacobi_decode", "multi_segment"])
+    @pytest.mark.parametrize("name", ["jacobi_decode", "multi_segment", "packed_clean_context"])
     def test_gradients_float32(self, name):
         case = CASES[name]
         q, k, v = _inputs(case, jnp.float32, seed=1)
@@ -162,6 +187,38 @@ class AttentionBattery:
         np.testing.assert_allclose(out, ref_out, rtol=1e-5, atol=1e-5)
         for got, want in zip(vjp(d_out), ref_vjp(d_out)):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+    def test_gradients_bfloat16(self):
+        case = CASES["packed_noise_conditioned"]
+        q, k, v = _inputs(case, jnp.bfloat16, seed=5)
+        d_out = jnp.asarray(np.random.default_rng(6).standard_normal(q.shape, np.float32), jnp.bfloat16)
+        got = jax.vjp(lambda *x: self.kernel(case, *x), q, k, v)[1](d_out)
+        up = lambda x: x.astype(jnp.float32)  # noqa: E731
+        want = jax.vjp(lambda *x: _reference(case, *x), *map(up, (q, k, v)))[1](up(d_out))
+        for g, w in zip(got, want):
+            assert g.dtype == jnp.bfloat16
+            # bf16 probabilities and dS in the backward's dots, bf16 outputs: about 2^-8 relative per term.
+            np.testing.assert_allclose(up(g), w, rtol=5e-2, atol=5e-2)
+
+    def test_gradients_match_finite_differences(self):
+        # Against the definition of the derivative, not against the reference's autodiff: central differences
+        # along random directions on a tiny float32 packed case (2 query and 2 key tiles, GQA). eps and the
+        # tolerances are float32's: a difference quotient with eps 1e-2 is good to about 1e-3 here.
+        meta = meta_from_rows([[packed_row(4, 2, 6)]], 28)
+        case = Case(meta, meta, 2, 1, 8, BlockSizes(block_q=16, block_k=16))
+        q, k, v = _inputs(case, jnp.float32, seed=7)
+        check_grads(lambda *x: self.kernel(case, *x), (q, k, v), order=1, modes=["rev"],
+                                  eps=1e-2, atol=2e-2, rtol=2e-2)
+
+    def test_backward_never_reads_skipped_tiles(self):
+        self.fused_backward_only()
+        case, q, k, v, dead, poison = _poisoned_decode_case()
+        d_out = jnp.asarray(np.random.default_rng(8).standard_normal(q.shape, np.float32))
+        got = jax.vjp(lambda *x: self.kernel(case, *x), q, poison(k), poison(v))[1](d_out)
+        want = jax.vjp(lambda *x: _reference(case, *x), q, k, v)[1](d_out)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+        assert not np.any(np.asarray(got[1])[:, dead]) and not np.any(np.asarray(got[2])[:, dead])
 
     def test_float32_gradients_ignore_the_global_matmul_precision(self):
         # The backward asks for full-precision dots itself: a TF32 default (JAX's on an Ampere-or-later GPU, which
@@ -185,15 +242,7 @@ class AttentionBattery:
         assert np.all(np.abs(out[~padded]).sum(-1) > 0)
 
     def test_skipped_tiles_are_never_read(self):
-        # Cache slots 14..39 are dead in both rows (lengths 5 and 14); slots 16..31 fill key tile 1, which no
-        # query tile visits. NaN there would poison any tile that read it (0 * NaN = NaN), so an exact output
-        # shows the kernel neither loads nor computes skipped tiles. (Same shapes as "jacobi_decode".)
-        q_meta, k_meta = decode_meta([5, 14], capacity=40, block=16)
-        case = dataclasses.replace(CASES["jacobi_decode"], q_meta=q_meta, k_meta=k_meta)
-        q, k, v = _inputs(case, jnp.float32)
-        dead = (np.arange(k.shape[1]) >= 16) & (np.arange(k.shape[1]) < 32)
-        assert not np.any(np.asarray(k_meta.segment)[:, dead] >= 0)
-        poison = lambda x: jnp.where(dead[None, :, None, None], jnp.nan, x)  # noqa: E731
+        case, q, k, v, dead, poison = _poisoned_decode_case()
         out = self.kernel(case, q, poison(k), poison(v))
         np.testing.assert_allclose(out, _reference(case, q, k, v), rtol=1e-5, atol=1e-5)
 
@@ -207,7 +256,7 @@ class AttentionBattery:
         cfg = ModelConfig(architecture="qwen2", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
                           num_heads=4, num_kv_heads=2, head_dim=8, rope_theta=10000.0, rms_norm_eps=1e-6,
                           max_position_embeddings=128, attention_bias=True, tie_word_embeddings=True)
-        kernel_cfg = cfg.replace(attention_impl="pallas")
+        kernel_cfg = cfg.replace(attention_impl=self.ATTENTION_IMPL)
         rng = np.random.default_rng(0)
         params = jax.tree.map(lambda s: jnp.asarray(0.3 * rng.standard_normal(s.shape), s.dtype),
                               abstract_params(cfg))
@@ -236,6 +285,19 @@ class TestPallasInterpret(AttentionBattery):
 @pytest.mark.gpu
 class TestPallasGPU(AttentionBattery):
     INTERPRET = False
+
+
+class TestTpuInterpret(AttentionBattery):
+    INTERPRET = True
+    BACKEND = "tpu"
+    ATTENTION_IMPL = "pallas_tpu"
+
+
+class TestPallasTPU(AttentionBattery):
+    INTERPRET = False
+    BACKEND = "tpu"
+    DEVICE = "tpu"
+    ATTENTION_IMPL = "pallas_tpu"
 
 
 _visit_mask = jax.jit(tile_visit_mask, static_argnums=(2, 3, 4))
@@ -313,6 +375,10 @@ class TestApi:
         assert block_sizes_for("NVIDIA H100 80GB HBM3") == TILE_SIZES["H100"]
         assert block_sizes_for("NVIDIA H200") == TILE_SIZES["H200"]
         assert block_sizes_for("NVIDIA A100-SXM4-80GB") == TILE_SIZES["A100"]
+        # TPU generations by the device kinds they report; v5e ("TPU v5 lite") must not take v5p's ("TPU v5") row.
+        for kind, key in (("TPU v4", "TPU v4"), ("TPU v5 lite", "TPU v5 lite"), ("TPU v5", "TPU v5"),
+                          ("TPU v5p", "TPU v5"), ("TPU v6 lite", "TPU v6")):
+            assert block_sizes_for(kind) is TILE_SIZES[key], kind
         assert block_sizes_for("some new accelerator") == TILE_SIZES["default"]
         with pytest.raises(ValueError, match="power of two"):
             BlockSizes(block_q=48, block_k=16)
@@ -326,3 +392,5 @@ class TestApi:
             attention(q, k[:1], v[:1], case.q_meta, case.k_meta)
         with pytest.raises(ValueError, match="mask kind"):
             attention(q, k, v, case.q_meta, case.k_meta, mask_kind="full")
+        with pytest.raises(ValueError, match="unknown backend"):
+            attention(q, k, v, case.q_meta, case.k_meta, backend="mosaic_gpu")

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 SUPPORTED_ARCHITECTURES = ("qwen2", "llama", "qwen3")
 ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
 SUPPORTED_DTYPES = ("float32", "bfloat16")
-ATTENTION_IMPLS = ("auto", "reference", "pallas")
+ATTENTION_IMPLS = ("auto", "reference", "pallas", "pallas_triton", "pallas_tpu")
 
 
 class ConfigError(ValueError):
@@ -77,8 +77,10 @@ class ModelConfig:
     param_dtype: str = "float32"
     attention_impl: str = "auto"
     """Attention among the tokens of a forward without a cache (training, full sequences): "reference" (plain
-    JAX), "pallas" (the flash kernel in pallas_kernels; its Triton path on a GPU, interpret mode elsewhere) or
-    "auto" (the kernel when JAX's default backend is a GPU, the reference otherwise)."""
+    JAX), "pallas" (the flash kernel in pallas_kernels with the device's backend: its Mosaic kernels on a TPU, its
+    Triton kernel elsewhere, in interpret mode off the device), "pallas_tpu" / "pallas_triton" (that backend on
+    any device; interpret mode on a CPU) or "auto" (the TPU kernel on a TPU, the Triton kernel on a GPU, the
+    reference otherwise)."""
     qk_norm: bool = False
     """Qwen3: RMSNorm over each query and key head (weights ``q_norm`` / ``k_norm`` [Dh]) before RoPE."""
     rope_scaling: RopeScaling | None = None
