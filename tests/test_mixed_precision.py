@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jf_jax.model.transformer import mixed_einsum
+from jf_jax.model.weight_matmul import mixed_einsum
 from jf_jax.training.losses import LossConfig, loss_fn
 from jf_jax.training.packing import make_batch, pack_example
 from tests.support.train_models import TINY, numpy_params

@@ -12,7 +12,7 @@ from jf_jax.model.transformer import forward_logits as _forward_logits
 from jf_jax.model.config import from_hf_config
 from jf_jax.model.rope import rope, rope_tables
 from jf_jax.model.transformer import rms_norm
-from jf_jax.model.decode_view import decode_view, stacked_params
+from jf_jax.model.decode_view import DecodeView, as_decode_view, decode_view, stacked_params
 from jf_jax.model.params import cast_params
 
 forward_logits = jax.jit(_forward_logits, static_argnums=1)  # op-by-op dispatch would dominate test time
@@ -50,6 +50,18 @@ def test_unstacked_layers_give_the_same_logits(twins):
         np.testing.assert_allclose(np.asarray(unstacked), np.asarray(stacked), atol=1e-5, rtol=1e-5)
         restacked = stacked_params(view, cfg)
         assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), restacked, params))
+
+
+def test_decoders_take_a_view_as_it_is_and_convert_stacked_params():
+    """``as_decode_view``: a loaded model's view passes through untouched (its shards, packing or int8 are kept);
+    stacked training params become the default view (one unsplit shard per weight)."""
+    cfg, params = jax_twin(make_hf_model("llama", tie=False, kv_heads=2, seed=0))
+    view = decode_view(params, column_shards=2)
+    assert as_decode_view(view) is view
+    converted = as_decode_view(params)
+    assert isinstance(converted, DecodeView) and converted.column_shards == 1
+    assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), stacked_params(converted, cfg),
+                                     params))
 
 
 @pytest.mark.parametrize("splits", [(11, 1, 5, 12), (29,)])

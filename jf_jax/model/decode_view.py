@@ -8,7 +8,9 @@ as ``column_shards`` shards along its output axis, so the shards' independent do
 
 The view is an explicit type that ``model.transformer.forward`` accepts beside the stacked tree; nothing
 inspects array containers to guess a layout. ``decode_view`` builds it, ``stacked_params`` gives back the
-declared tree; both move values only, so ``stacked_params(decode_view(p), cfg) == p``.
+declared tree; both move values only, so ``stacked_params(decode_view(p), cfg) == p``. The layout is chosen once,
+when a model is loaded (``api.load_model``) or when stacked params are converted here; decoders take the view,
+and ``as_decode_view`` is the one place a decoder looks at which layout it was handed.
 """
 
 from __future__ import annotations
@@ -63,9 +65,8 @@ def _split(w, n: int) -> Shards:
     return tuple(jnp.array(s) for s in jnp.array_split(w, n, axis=-1))
 
 
-def decode_view(params: Params | DecodeView, column_shards: int = 1, pack: bool = False,
-                int8: bool = False) -> DecodeView:
-    """The decode view of the declared (stacked) ``params``; a ``DecodeView`` is returned unchanged.
+def decode_view(params: Params, column_shards: int = 1, pack: bool = False, int8: bool = False) -> DecodeView:
+    """The decode view of the declared (stacked) ``params``.
 
     With ``column_shards`` > 1 the output projection is split too (for tied embeddings: a transposed copy of
     the embedding, the price of using every core for the largest matmul of a step). With ``pack`` every matmul
@@ -73,8 +74,6 @@ def decode_view(params: Params | DecodeView, column_shards: int = 1, pack: bool 
     core itself, so ``column_shards`` must be 1). With ``int8`` they are quantised instead (``model.quantize``:
     W8A8, a lossy approximation of the model); the embedding table itself keeps its dtype.
     """
-    if isinstance(params, DecodeView):
-        return params
     if not isinstance(column_shards, int) or column_shards < 1:
         raise ValueError(f"column_shards must be a positive integer, got {column_shards!r}")
     if (pack or int8) and column_shards != 1:
@@ -104,16 +103,25 @@ def decode_view(params: Params | DecodeView, column_shards: int = 1, pack: bool 
                       column_shards=column_shards)
 
 
-def stacked_params(params: Params | DecodeView, cfg: ModelConfig) -> Params:
-    """The declared layout of ``params`` (a stacked tree is returned unchanged): the inverse of ``decode_view``."""
-    if not isinstance(params, DecodeView):
-        return params
-    def unprepared(w):
-        return unpack_weight(w) if isinstance(w, PackedWeight) else dequantize_weight(w, cfg.weight_dtype)
+def as_decode_view(params: Params | DecodeView) -> DecodeView:
+    """The parameters a decoder runs on: a ``DecodeView`` (what ``api.load_model`` returns) as it is, the stacked
+    training tree converted with ``decode_view``'s defaults (one unsplit shard per weight, nothing packed).
 
-    def join(w):
-        if isinstance(w, (PackedWeight, Int8Weight)):
-            return unprepared(w)
+    Every decoding entry point goes through here, so the layout question is asked in one place. A conversion
+    copies the weights, once per call: code that decodes a stacked tree many times converts it once itself.
+    """
+    return params if isinstance(params, DecodeView) else decode_view(params)
+
+
+def stacked_params(view: DecodeView, cfg: ModelConfig) -> Params:
+    """The declared (stacked) layout of ``view``: the inverse of ``decode_view``."""
+    unprepare = {PackedWeight: unpack_weight, Int8Weight: lambda w: dequantize_weight(w, cfg.weight_dtype)}
+
+    def join(w) -> jax.Array:
+        """One matmul weight in any form (``Shards`` or prepared) as one array."""
+        undo = unprepare.get(type(w))
+        if undo is not None:
+            return undo(w)
         return jnp.concatenate(w, axis=-1) if len(w) > 1 else w[0]
 
     shapes = {"wq": (cfg.num_heads, cfg.head_dim), "wk": (cfg.num_kv_heads, cfg.head_dim),
@@ -124,17 +132,16 @@ def stacked_params(params: Params | DecodeView, cfg: ModelConfig) -> Params:
         out = dict(layer)
         for f, names in FUSED.items():
             if f in out:
-                w = unprepared(out.pop(f))
+                w = join(out.pop(f))
                 ends = list(itertools.accumulate(math.prod(shapes[n]) for n in names))
                 for n, part in zip(names, jnp.split(w, ends[:-1], axis=-1)):
-                    out[n] = part.reshape(w.shape[:1] + shapes[n])
+                    out[n] = (part.reshape(w.shape[:1] + shapes[n]),)  # one unsplit shard, as joined below
         return out
 
-    per_layer = [unfused(layer) for layer in params.layers]
-    layers = {k: jnp.stack([join(layer[k]) if k in MATMUL_WEIGHTS and not isinstance(layer[k], jax.Array)
-                            else layer[k] for layer in per_layer]) for k in per_layer[0]}
-    out = {"embed": params.embed, "layers": layers, "final_norm": params.final_norm}
+    per_layer = [unfused(layer) for layer in view.layers]
+    layers = {k: jnp.stack([join(layer[k]) if k in MATMUL_WEIGHTS else layer[k] for layer in per_layer])
+              for k in per_layer[0]}
+    out = {"embed": view.embed, "layers": layers, "final_norm": view.final_norm}
     if not cfg.tie_word_embeddings:
-        out["lm_head"] = join(params.lm_head)
+        out["lm_head"] = join(view.lm_head)
     return out
-

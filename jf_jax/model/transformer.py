@@ -1,17 +1,21 @@
 """The Qwen2 / Qwen3 / Llama decoder as pure functions over the parameter pytree of ``jf_jax.model.params``.
 
-``forward`` runs the stacked layers with ``lax.scan``. Without a cache it is the training / full-sequence
-forward (attention among the given tokens, masked by their ``TokenMeta``). With a cache the tokens attend to
-the committed cache slots plus each other (``model.cached_attention``: the same arithmetic for a token however
-many tokens or rows share its forward), and their keys/values are written at the cache's current lengths
-(not committed: the caller decides how much of the block to keep).
+``forward`` takes either layout of the parameters: the declared stacked tree (training: layers under
+``lax.scan``) or a ``DecodeView`` (decoding: per-layer weights in a Python loop). ``_layout`` is the one place
+that tells the two apart, as ``weight_matmul.matmul`` is for the forms of a matmul weight. Without a cache it is
+the training / full-sequence forward (attention among the given tokens, masked by their ``TokenMeta``). With a
+cache the tokens attend to the committed cache slots plus each other (``model.cached_attention``: the same
+arithmetic for a token however many tokens or rows share its forward), and their keys/values are written at the
+cache's current lengths (not committed: the caller decides how much of the block to keep).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -19,10 +23,11 @@ import jax.numpy as jnp
 from jf_jax.model.config import ModelConfig
 from jf_jax.model.decode_view import MATMUL_WEIGHTS, DecodeView, Shards
 from jf_jax.model.kv_cache import KVCache
-from cpu_kernels import PackedWeight, gemm
+from cpu_kernels import PackedWeight
 from jf_jax.model.cached_attention import cached_attention
-from jf_jax.model.quantize import Int8Weight, int8_matmul
+from jf_jax.model.quantize import Int8Weight
 from jf_jax.model.token_meta import causal_meta
+from jf_jax.model.weight_matmul import ROW_TILES, matmul
 from jf_jax.model.params import Params
 from jf_jax.model.rope import rope, rope_tables
 from pallas_kernels.mask import MASK_NOISE_CONDITIONED, TokenMeta
@@ -37,109 +42,25 @@ def rms_norm(x, weight, eps: float):
 
 def _attend(cfg: ModelConfig, q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, mask_kind: str):
     impl = cfg.attention_impl
-    if impl == "auto":  # decided at trace time: the kernel's Triton path on a GPU, plain JAX elsewhere
-        impl = "pallas" if jax.default_backend() == "gpu" else "reference"
-    if impl == "pallas":
+    if impl == "auto":  # decided at trace time: the kernel on a TPU (Mosaic) or a GPU (Triton), plain JAX elsewhere
+        impl = "pallas" if jax.default_backend() in ("tpu", "gpu") else "reference"
+    if impl.startswith("pallas"):
         from pallas_kernels import flash_attention  # imported lazily: only this backend needs it
 
-        return flash_attention.attention(q, k, v, q_meta, k_meta, mask_kind=mask_kind)
+        # "pallas": the kernel picks its backend from the device (Mosaic on a TPU, Triton otherwise).
+        backend = {"pallas": None, "pallas_tpu": "tpu", "pallas_triton": "triton"}[impl]
+        return flash_attention.attention(q, k, v, q_meta, k_meta, mask_kind=mask_kind, backend=backend)
     from pallas_kernels import attention_reference
 
     return attention_reference(q, k, v, q_meta, k_meta, mask_kind=mask_kind)
 
 
-# The most rows for which XLA:CPU's dot of a compute dtype keeps one summation order per row (measured, jax
-# 0.10.2, YNNPACK dots): float32 dots change order past 32 rows (33-48 and 64+ differ from 2-32); bfloat16 dots
-# keep one order at every row count >= 2, so they need no tiling. One-row dots differ in every dtype (GEMV): the
-# decode path never runs them (``_pad_one_row``).
-ROW_TILES = {"float32": 32}
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def mixed_einsum(equation: str, x, w):
-    """``einsum(equation, x, w)`` with w cast to x's dtype, accumulated in float32, whose backward runs its dots
-    in x's dtype too.
-
-    A bfloat16 forward dot returns float32, so its cotangent is float32 and autodiff's backward dots would run
-    in float32 (measured: no faster than a float32 model). Here the cotangent is cast to x's dtype first, as
-    mixed-precision training does: both backward dots take bf16 operands (YNNPACK's fast kernels) and still
-    accumulate in float32, and the weight gradient is returned in w's own dtype (float32 master weights get an
-    unrounded float32 gradient). Every index of ``equation`` must appear in exactly two of its three terms
-    (true of the model's projections).
-    """
-    return jnp.einsum(equation, x, w.astype(x.dtype), preferred_element_type=jnp.float32)
-
-
-def _mixed_einsum_fwd(equation, x, w):
-    return mixed_einsum(equation, x, w), (x, w)
-
-
-def _mixed_einsum_bwd(equation, residuals, g):
-    x, w = residuals
-    ins, out = equation.split("->")
-    x_sub, w_sub = ins.split(",")
-    g = g.astype(x.dtype)
-    dx = jnp.einsum(f"{out},{w_sub}->{x_sub}", g, w.astype(x.dtype), preferred_element_type=jnp.float32)
-    if x.ndim == 2:
-        # The weight gradient contracts both operands' leading (row) axis. XLA:CPU runs that dot in float32 when
-        # the operands are 2-D (both converted first), but transposes bf16 operands of 3 or more dimensions and
-        # hands them to YNNPACK: a unit axis picks the fast path (the tied LM head's gradient, "nd,nv->vd", the
-        # one such dot in a train step and its largest: 597 -> 325 ms, experiments/bench_weight_grad.py).
-        unit = next(c for c in "zyxwuts" if c not in equation)
-        x, g, x_sub, out = x[None], g[None], unit + x_sub, unit + out
-    dw = jnp.einsum(f"{x_sub},{out}->{w_sub}", x, g, preferred_element_type=jnp.float32)
-    return dx.astype(x.dtype), dw.astype(w.dtype)
-
-
-mixed_einsum.defvjp(_mixed_einsum_fwd, _mixed_einsum_bwd)
-
-
-def _row_dot(equation: str, x, w, lead: int, row_tile: int | None):
-    """``einsum(equation, x, w)`` in float32 (w cast to x's dtype, ``mixed_einsum``); with ``row_tile``, rows (x's
-    ``lead`` leading axes) are computed in groups of at most ``row_tile`` (a ``lax.map``), so a row's bits never
-    depend on how many rows there are."""
-    rows = math.prod(x.shape[:lead])
-    if row_tile is None or rows <= row_tile:
-        return mixed_einsum(equation, x, w)
-    ins, out = equation.split("->")
-    x_sub, w_sub = ins.split(",")
-    flat_eq = f"m{x_sub[lead:]},{w_sub}->m{out[lead:]}"
-    groups = -(-rows // row_tile)
-    flat = x.reshape((rows,) + x.shape[lead:])
-    flat = jnp.pad(flat, [(0, groups * row_tile - rows)] + [(0, 0)] * (flat.ndim - 1))
-    w = w.astype(x.dtype)
-    tiles = jax.lax.map(lambda t: jnp.einsum(flat_eq, t, w, preferred_element_type=jnp.float32),
-                        flat.reshape((groups, row_tile) + flat.shape[1:]))
-    tiles = tiles.reshape((groups * row_tile,) + tiles.shape[2:])[:rows]
-    return tiles.reshape(x.shape[:lead] + tiles.shape[1:])
-
-
-def _prepared_matmul(x, w: PackedWeight | Int8Weight):
-    """``x @ w`` (float32) for a weight prepared at load time: packed bfloat16 (``cpu_kernels.gemm``) or int8."""
-    return gemm(x, w) if isinstance(w, PackedWeight) else int8_matmul(x, w)
-
-
-def dense(equation: str, x, shards: Shards | PackedWeight | Int8Weight, dtype, row_tile: int | None = None):
-    """``einsum(equation, x, w)`` accumulated in float32, for ``w`` given as ``Shards``: one weight split along
-    its last axis (a 1-tuple when unsplit), concatenated back; or prepared at load time: packed for
-    ``cpu_kernels.gemm`` (bfloat16) or quantised (``model.quantize``, int8).
-    ``equation`` names x's two leading (row) axes first; ``row_tile`` (see ``ROW_TILES``) bounds the rows of one dot.
-
-    The shards' dots are independent, so XLA's CPU runtime runs them on different cores: a one-token step is
-    a chain of matrix-vector products, and one XLA dot runs on a single core.
-    """
-    if isinstance(shards, (PackedWeight, Int8Weight)):
-        return _prepared_matmul(x, shards)
-    outs = [_row_dot(equation, x.astype(dtype), s, 2, row_tile) for s in shards]
-    return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=-1)
-
-
 def _projections(layer: Params, h, fused: str, names, shapes, equation: str, dtype, row_tile):
     """The projections ``names`` of the same input ``h`` (shaped [B, T, *shape]): one call of a fused prepared
-    weight (``decode_view.FUSED``) when the layer holds it, else one ``dense`` per weight."""
+    weight (``decode_view.FUSED``, [D, sum of the outputs]) when the layer holds it, else one matmul per weight."""
     if fused not in layer:
-        return [dense(equation, h, layer[n], dtype, row_tile) for n in names]
-    out = _prepared_matmul(h, layer[fused])
+        return [matmul(equation, h, layer[n], dtype, row_tile) for n in names]
+    out = matmul("btd,dn->btn", h, layer[fused], dtype, row_tile)
     ends = list(itertools.accumulate(math.prod(s) for s in shapes))
     return [part.reshape(h.shape[:2] + s) for part, s in zip(jnp.split(out, ends[:-1], axis=-1), shapes)]
 
@@ -168,28 +89,60 @@ def _layer(cfg: ModelConfig, x, layer: Params, rope_tabs, q_meta, cache_kv, mask
         else:
             cached_k, cached_v, lengths = cache_kv  # [Bc, S, K, Dh] twice, [Bc]
             attn = cached_attention(q, k, v, q_meta.segment >= 0, cached_k, cached_v, lengths)
-        x = x + dense("bthk,hkd->btd", attn, layer["wo"], dt, row_tile).astype(dt)
+        x = x + matmul("bthk,hkd->btd", attn, layer["wo"], dt, row_tile).astype(dt)
 
     with jax.named_scope("mlp"):
         h = rms_norm(x, layer["mlp_norm"], cfg.rms_norm_eps)
         ff = ((cfg.intermediate_size,),) * 2
         gate, up = _projections(layer, h, "w_gate_up", ("w_gate", "w_up"), ff, "btd,df->btf", dt, row_tile)
         act = (jax.nn.silu(gate) * up).astype(dt)
-        x = x + dense("btf,fd->btd", act, layer["w_down"], dt, row_tile).astype(dt)
+        x = x + matmul("btf,fd->btd", act, layer["w_down"], dt, row_tile).astype(dt)
     return x, (k, v)
 
 
-def _decode_row_tile(params: Params | DecodeView, cfg: ModelConfig) -> int | None:
-    """Decoding (the ``DecodeView``) computes every row alike however many share a dot; training (the stacked
-    layout) lets XLA pick its fastest dot for the whole batch."""
-    return ROW_TILES.get(cfg.dtype) if isinstance(params, DecodeView) else None
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """Either layout of the parameters, as the forward reads it (trace-time only)."""
+
+    embed: jax.Array
+    final_norm: jax.Array
+    lm_head: Shards | PackedWeight | Int8Weight | None
+    """The output projection in any matmul form; None for tied embeddings held unsplit (the embedding is reused)."""
+    row_tile: int | None
+    """``ROW_TILES`` of the compute dtype when decoding: every row is computed alike however many share a dot.
+    None in training, where XLA picks its fastest dot for the whole batch."""
+    run_layers: Callable
+    """(body, x, cache) -> (x, new keys, new values [L, B, T, K, Dh]): every layer's ``body(x, (layer, kv))``."""
 
 
-def _outer(params: Params | DecodeView):
-    """(embedding, final norm weight, output projection as ``Shards`` or None when tied) of either layout."""
+def _layout(params: Params | DecodeView, cfg: ModelConfig) -> _Layout:
+    """The one place the forward tells the stacked tree (training) from the ``DecodeView`` (decoding)."""
     if isinstance(params, DecodeView):
-        return params.embed, params.final_norm, params.lm_head
-    return params["embed"], params["final_norm"], (params["lm_head"],) if "lm_head" in params else None
+        return _Layout(params.embed, params.final_norm, params.lm_head, ROW_TILES.get(cfg.dtype),
+                       functools.partial(_loop_layers, params.layers))
+    # The declared layout: each matmul weight is one unsplit shard.
+    layers = {k: (w,) if k in MATMUL_WEIGHTS else w for k, w in params["layers"].items()}
+    lm_head = (params["lm_head"],) if "lm_head" in params else None
+    return _Layout(params["embed"], params["final_norm"], lm_head, None,
+                   functools.partial(_scan_layers, layers, cfg.remat))
+
+
+def _loop_layers(layers: tuple[dict, ...], body, x, cache: KVCache | None):
+    """A Python loop over per-layer arrays: no layer's weights are sliced out of a stacked array (on CPU the
+    slice inside scan is a full copy that doubles the weight traffic of a one-token step)."""
+    new_kv = []
+    for i, layer in enumerate(layers):
+        x, kv = body(x, (layer, None if cache is None else (cache.k[i], cache.v[i])))
+        new_kv.append(kv)
+    new_k, new_v = (jnp.stack(t) for t in zip(*new_kv))
+    return x, new_k, new_v
+
+
+def _scan_layers(layers: dict, remat: bool, body, x, cache: KVCache | None):
+    """Stacked layers under ``lax.scan`` (rematerialised per layer with ``remat``)."""
+    step = jax.checkpoint(body) if remat else body
+    x, (new_k, new_v) = jax.lax.scan(step, x, (layers, None if cache is None else (cache.k, cache.v)))
+    return x, new_k, new_v
 
 
 def _stack(params: Params | DecodeView, cfg: ModelConfig, tokens, positions, q_meta: TokenMeta, cache: KVCache | None,
@@ -204,31 +157,18 @@ def _stack(params: Params | DecodeView, cfg: ModelConfig, tokens, positions, q_m
     if cache is not None and B * T == 1:
         x, new_k, new_v = _stack(params, cfg, *_pad_one_row(tokens, positions, q_meta), cache, mask_kind)
         return x[:, :1], new_k[:, :, :1], new_v[:, :, :1]
-    embed, final_norm, _ = _outer(params)
-    row_tile = _decode_row_tile(params, cfg)
-    x = embed.astype(cfg.compute_dtype)[tokens]  # [B, T, D]
+    layout = _layout(params, cfg)
+    x = layout.embed.astype(cfg.compute_dtype)[tokens]  # [B, T, D]
     rope_tabs = rope_tables(positions, cfg)
 
     def body(x, per_layer):
         layer, cache_kv = per_layer
         if cache_kv is not None:
             cache_kv = cache_kv + (cache.lengths,)
-        return _layer(cfg, x, layer, rope_tabs, q_meta, cache_kv, mask_kind, row_tile)
+        return _layer(cfg, x, layer, rope_tabs, q_meta, cache_kv, mask_kind, layout.row_tile)
 
-    if isinstance(params, DecodeView):
-        # A Python loop over per-layer arrays: no layer's weights are sliced out of a stacked array (on CPU the
-        # slice inside scan is a full copy that doubles the weight traffic of a one-token step).
-        new_kv = []
-        for i, layer in enumerate(params.layers):
-            x, kv = body(x, (layer, None if cache is None else (cache.k[i], cache.v[i])))
-            new_kv.append(kv)
-        new_k, new_v = (jnp.stack(t) for t in zip(*new_kv))
-    else:
-        # The declared layout: stacked layers under ``lax.scan`` (training), each weight one unsplit shard.
-        layers = {k: (w,) if k in MATMUL_WEIGHTS else w for k, w in params["layers"].items()}
-        step = jax.checkpoint(body) if cfg.remat else body
-        x, (new_k, new_v) = jax.lax.scan(step, x, (layers, None if cache is None else (cache.k, cache.v)))
-    return rms_norm(x, final_norm, cfg.rms_norm_eps), new_k, new_v
+    x, new_k, new_v = layout.run_layers(body, x, cache)
+    return rms_norm(x, layout.final_norm, cfg.rms_norm_eps), new_k, new_v
 
 
 def _pad_one_row(tokens, positions, q_meta: TokenMeta):
@@ -297,17 +237,14 @@ def logits(params: Params | DecodeView, cfg: ModelConfig, hidden):
     A single row is computed as two (see ``_pad_one_row``), so its logits equal that row's inside any batch.
     """
     dt = cfg.compute_dtype
-    embed, _, head = _outer(params)
+    layout = _layout(params, cfg)
     rows = hidden.reshape(-1, hidden.shape[-1]).astype(dt)
     if rows.shape[0] == 1:
         rows = jnp.concatenate([rows, rows])
-    row_tile = _decode_row_tile(params, cfg)
-    if isinstance(head, (PackedWeight, Int8Weight)):
-        out = _prepared_matmul(rows, head)
-    elif head is not None:
-        out = jnp.concatenate([_row_dot("nd,dv->nv", rows, s, 1, row_tile) for s in head], axis=-1)
+    if layout.lm_head is None:  # tied: the embedding [V, D], one unsplit shard contracted on its last axis
+        out = matmul("nd,vd->nv", rows, (layout.embed,), dt, layout.row_tile, lead=1)
     else:
-        out = _row_dot("nd,vd->nv", rows, embed, 1, row_tile)
+        out = matmul("nd,dv->nv", rows, layout.lm_head, dt, layout.row_tile, lead=1)
     return out[: math.prod(hidden.shape[:-1])].reshape(hidden.shape[:-1] + (out.shape[-1],))
 
 

@@ -33,11 +33,11 @@ def measure_latency(params, cfg, sizes: Sequence[int] = LATENCY_SIZES, *, contex
 
     from jf_jax.decoding.common import greedy
     from jf_jax.model.decode_jit import decode_jit
-    from jf_jax.model.decode_view import decode_view
+    from jf_jax.model.decode_view import as_decode_view
     from jf_jax.model.kv_cache import KVCache
     from jf_jax.model.transformer import forward, logits
 
-    params = decode_view(params)
+    params = as_decode_view(params)
 
     @decode_jit
     def step(params, tokens, cache):

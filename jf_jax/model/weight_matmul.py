@@ -1,0 +1,105 @@
+"""``x @ w`` for every form a matmul weight takes, and the dots underneath.
+
+A weight reaches a matmul as ``Shards`` (one weight split along its output axis, a 1-tuple when unsplit: the
+stacked training layout and the column-sharded decode view) or prepared at load time (``model.decode_view``):
+packed for ``cpu_kernels.gemm`` (bfloat16) or quantised (``model.quantize``, int8). ``matmul`` is the one place
+that tells these forms apart; every projection of ``model.transformer``, the output head included, goes through it.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from cpu_kernels import PackedWeight, gemm
+from jf_jax.model.decode_view import Shards
+from jf_jax.model.quantize import Int8Weight, int8_matmul
+
+# The most rows for which XLA:CPU's dot of a compute dtype keeps one summation order per row (measured, jax
+# 0.10.2, YNNPACK dots): float32 dots change order past 32 rows (33-48 and 64+ differ from 2-32); bfloat16 dots
+# keep one order at every row count >= 2, so they need no tiling. One-row dots differ in every dtype (GEMV): the
+# decode path never runs them (``transformer._pad_one_row``).
+ROW_TILES = {"float32": 32}
+
+# How each weight prepared at load time multiplies: float32 ``x @ w`` contracting x's trailing axes with the
+# weight's input axes (the prepared forms carry their own shapes, so no equation is needed).
+PREPARED_MATMULS: dict[type, Callable] = {PackedWeight: gemm, Int8Weight: int8_matmul}
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def mixed_einsum(equation: str, x, w):
+    """``einsum(equation, x, w)`` with w cast to x's dtype, accumulated in float32, whose backward runs its dots
+    in x's dtype too.
+
+    A bfloat16 forward dot returns float32, so its cotangent is float32 and autodiff's backward dots would run
+    in float32 (measured: no faster than a float32 model). Here the cotangent is cast to x's dtype first, as
+    mixed-precision training does: both backward dots take bf16 operands (YNNPACK's fast kernels) and still
+    accumulate in float32, and the weight gradient is returned in w's own dtype (float32 master weights get an
+    unrounded float32 gradient). Every index of ``equation`` must appear in exactly two of its three terms
+    (true of the model's projections).
+    """
+    return jnp.einsum(equation, x, w.astype(x.dtype), preferred_element_type=jnp.float32)
+
+
+def _mixed_einsum_fwd(equation, x, w):
+    return mixed_einsum(equation, x, w), (x, w)
+
+
+def _mixed_einsum_bwd(equation, residuals, g):
+    x, w = residuals
+    ins, out = equation.split("->")
+    x_sub, w_sub = ins.split(",")
+    g = g.astype(x.dtype)
+    dx = jnp.einsum(f"{out},{w_sub}->{x_sub}", g, w.astype(x.dtype), preferred_element_type=jnp.float32)
+    if x.ndim == 2:
+        # The weight gradient contracts both operands' leading (row) axis. XLA:CPU runs that dot in float32 when
+        # the operands are 2-D (both converted first), but transposes bf16 operands of 3 or more dimensions and
+        # hands them to YNNPACK: a unit axis picks the fast path (the tied LM head's gradient, "nd,nv->vd", the
+        # one such dot in a train step and its largest: 597 -> 325 ms, experiments/bench_weight_grad.py).
+        unit = next(c for c in "zyxwuts" if c not in equation)
+        x, g, x_sub, out = x[None], g[None], unit + x_sub, unit + out
+    dw = jnp.einsum(f"{x_sub},{out}->{w_sub}", x, g, preferred_element_type=jnp.float32)
+    return dx.astype(x.dtype), dw.astype(w.dtype)
+
+
+mixed_einsum.defvjp(_mixed_einsum_fwd, _mixed_einsum_bwd)
+
+
+def _row_dot(equation: str, x, w, lead: int, row_tile: int | None):
+    """``einsum(equation, x, w)`` in float32 (w cast to x's dtype, ``mixed_einsum``); with ``row_tile``, rows (x's
+    ``lead`` leading axes) are computed in groups of at most ``row_tile`` (a ``lax.map``), so a row's bits never
+    depend on how many rows there are."""
+    rows = math.prod(x.shape[:lead])
+    if row_tile is None or rows <= row_tile:
+        return mixed_einsum(equation, x, w)
+    ins, out = equation.split("->")
+    x_sub, w_sub = ins.split(",")
+    flat_eq = f"m{x_sub[lead:]},{w_sub}->m{out[lead:]}"
+    groups = -(-rows // row_tile)
+    flat = x.reshape((rows,) + x.shape[lead:])
+    flat = jnp.pad(flat, [(0, groups * row_tile - rows)] + [(0, 0)] * (flat.ndim - 1))
+    w = w.astype(x.dtype)
+    tiles = jax.lax.map(lambda t: jnp.einsum(flat_eq, t, w, preferred_element_type=jnp.float32),
+                        flat.reshape((groups, row_tile) + flat.shape[1:]))
+    tiles = tiles.reshape((groups * row_tile,) + tiles.shape[2:])[:rows]
+    return tiles.reshape(x.shape[:lead] + tiles.shape[1:])
+
+
+def matmul(equation: str, x, w: Shards | PackedWeight | Int8Weight, dtype, row_tile: int | None = None,
+           lead: int = 2):
+    """``einsum(equation, x, w)`` accumulated in float32, whatever form ``w`` takes.
+
+    A prepared weight (``PREPARED_MATMULS``) multiplies x as given. ``Shards`` multiply x cast to ``dtype``, one
+    dot per shard (``equation`` names x's ``lead`` row axes first; ``row_tile``, see ``ROW_TILES``, bounds the rows
+    of one dot), concatenated back: the shards' dots are independent, so XLA's CPU runtime runs them on different
+    cores (a one-token step is a chain of matrix-vector products, and one XLA dot runs on a single core).
+    """
+    prepared = PREPARED_MATMULS.get(type(w))
+    if prepared is not None:
+        return prepared(x, w)
+    outs = [_row_dot(equation, x.astype(dtype), s, lead, row_tile) for s in w]
+    return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=-1)
