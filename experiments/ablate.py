@@ -46,14 +46,17 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
 
 
 def measure_tpf(model, prompts: list[list[int]], *, block_size: int, max_new_tokens: int) -> dict:
+    """Greedy Jacobi on the prompts, one at a time: ``stats.summarize_with_loops`` of the per-prompt records (each
+    with its answer's repeat fraction and loop flag), the records and the tokens."""
+    from jf_jax.decoding.answer_quality import answer_quality
     from jf_jax.decoding.jacobi import generate_jacobi
+    from jf_jax.decoding.stats import summarize_with_loops
 
     r = generate_jacobi(model.params, model.cfg, prompts, max_new_tokens=max_new_tokens,
                         eos_ids=model.tokenizer.eos_ids, block_size=block_size)
-    tokens = sum(len(t) for t in r.token_ids)
-    return dict(tokens=tokens, forwards=sum(r.forwards), tpf=tokens / max(sum(r.forwards), 1),
-                tpf_per_prompt=[len(t) / max(f, 1) for t, f in zip(r.token_ids, r.forwards)],
-                tokens_per_s=tokens / max(r.seconds, 1e-9), token_ids=r.token_ids)
+    per_prompt = [dict(p, **answer_quality(ids, p["stop_reason"]))
+                  for p, ids in zip(r.stats["per_prompt"], r.token_ids)]
+    return dict(summarize_with_loops(per_prompt), per_prompt=per_prompt, token_ids=r.token_ids)
 
 
 def mean_losses(run_dir: str, last: int) -> dict:
@@ -64,22 +67,23 @@ def mean_losses(run_dir: str, last: int) -> dict:
 
 
 def markdown(rows: list[dict], header: str) -> str:
+    """The variants' table (``decoding.stats_table``): the statistics under the schema's headers, then this
+    study's own columns. Rows resumed from an older OUT.jsonl lack the loop fields: those cells read "-"."""
+    from jf_jax.decoding.stats import match_fraction
+    from jf_jax.decoding.stats_table import Column, render_table
+
     base = next((r for r in rows if r["name"] == "base"), None)
-    nll = any("humaneval_nll" in r for r in rows)
-    lines = [header, "",
-             "| variant | overrides | TPF | vs base | loss/ar | loss/consistency | train s | same as base |"
-             + (" HumanEval NLL |" if nll else ""),
-             "|---|---|---|---|---|---|---|---|" + ("---|" if nll else "")]
-    for r in rows:
-        agree = None if base is None else statistics.fmean(a == b for a, b in zip(base["token_ids"], r["token_ids"]))
-        same = "" if agree is None else f"{agree:.2f}"
-        loss = r.get("losses") or {}
-        lines.append(f"| {r['name']} | {' '.join(r['overrides']) or '-'} | {r['tpf']:.3f} | "
-                     f"{r['tpf'] / base['tpf'] if base else float('nan'):.3f} | "
-                     f"{loss.get('loss/ar', float('nan')):.3f} | {loss.get('loss/consistency', float('nan')):.3f} | "
-                     f"{r.get('train_seconds', 0):.0f} | {same} |"
-                     + (f" {r.get('humaneval_nll', float('nan')):.3f} |" if nll else ""))
-    return "\n".join(lines) + "\n"
+    table = [dict(r, overrides=" ".join(r["overrides"]) or "-",
+                  vs_base=r["tpf"] / base["tpf"] if base else None,
+                  same_as_base=match_fraction(r["token_ids"], base["token_ids"]) if base else None) for r in rows]
+    # plot_levers.py reads the "variant", "TPF" and "HumanEval NLL" headers
+    columns = [Column("name", "variant"), "overrides", "tpf", Column("vs_base", "vs base", ".3f"), "mean_tpf",
+               "mean_tpf_ci95", "loop_rate", "without_loops.mean_tpf", Column("losses.loss/ar", "loss/ar", ".3f"),
+               Column("losses.loss/consistency", "loss/consistency", ".3f"),
+               Column("train_seconds", "train s", ".0f"), Column("same_as_base", "same as base", ".2f")]
+    if any("humaneval_nll" in r for r in rows):
+        columns.append(Column("humaneval_nll", "HumanEval NLL", ".3f"))
+    return header + "\n\n" + render_table(table, columns) + "\n"
 
 
 def plot(rows: list[dict], path: str) -> None:
@@ -190,7 +194,10 @@ def main(argv=None) -> int:
               f"float32, CPU ({time.strftime('%Y-%m-%d %H:%M')}). Losses: mean of the last fifth of the steps "
               f"(loss/ar is the cross-entropy on the trajectory's tokens, or with loss.ar_teacher=reference the KL "
               f"to the frozen base model). "
-              f"'same as base': fraction of prompts whose greedy output equals the untrained model's."
+              "'same as base': fraction of prompts whose greedy output equals the untrained model's. TPF "
+              "(mean/prompt) with its bootstrap 95% interval; an answer loops when it ran to the token cap with at "
+              "least half of its 4-grams repeats (docs/method.md, section 8), and 'without loops' leaves those "
+              "answers out."
               + (f" HumanEval NLL: nats per token of the first {args.humaneval_nll} reference solutions, "
                  f"teacher-forced." if args.humaneval_nll > 0 else "")
               + f"\n\nCommand: `python experiments/ablate.py {shlex.join(sys.argv[1:] if argv is None else argv)}`")

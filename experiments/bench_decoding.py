@@ -91,9 +91,6 @@ def main(argv=None) -> int:
     for label, _, _ in configs:
         summary[label]["lossless"] = all(r["token_ids"] == ar_tokens[r["prompt_index"]]
                                          for r in runs if r["method"] == label)
-        summary[label]["tokens"] = sum(r["new_tokens"] for r in runs if r["method"] == label)
-        summary[label]["speedup_vs_ar_excl_prefill"] = (
-            summary[label]["tokens_per_second_excl_prefill"] / summary["ar"]["tokens_per_second_excl_prefill"])
     report = {"command": command, "date": datetime.datetime.now().isoformat(timespec="seconds"),
               "host": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
                        "load_average_before": load_before, "load_average_after": load_after, "wall_seconds": wall},
@@ -111,9 +108,11 @@ def main(argv=None) -> int:
 
 
 def markdown(report: dict, tuned_report: dict, args) -> str:
+    from jf_jax.decoding.stats_table import Column, render_table
     from jf_jax.tuning import tuner
 
-    s = report["summary"]
+    # A report saved before decoding.stats named TPF ``tpf`` holds it as ``tokens_per_forward`` (--render-only).
+    s = {label: {"tpf": v.get("tokens_per_forward"), **v} for label, v in report["summary"].items()}
     rel = lambda p: os.path.relpath(p, args.out.parent)  # noqa: E731
     h = report["host"]
     lines = [
@@ -126,15 +125,10 @@ def markdown(report: dict, tuned_report: dict, args) -> str:
         f"- {len(report['prompts'])} chat prompts x up to {report['tokens']} new tokens (greedy, float32, batch 1, "
         "EOS stops), one run, prompt-major order; each configuration compiled before its timed run.",
         "",
-        "| configuration | TPF | tok/s (incl. prefill) | tok/s (excl. prefill) | speedup vs ar (incl.) "
-        "| speedup vs ar (excl.) | tokens | forwards | tokens == ar |",
-        "|---|---|---|---|---|---|---|---|---|",
+        render_table([dict(v, configuration=label, equal="yes" if v["lossless"] else "NO") for label, v in s.items()],
+                     ["configuration", "tpf", "tokens_per_second", "tokens_per_second_excl_prefill", "speedup_vs_ar",
+                      "speedup_vs_ar_excl_prefill", "tokens", "forwards", Column("equal", "tokens == ar")]),
     ]
-    for label, v in s.items():
-        lines.append(f"| {label} | {v['tokens_per_forward']:.3f} | {v['tokens_per_second']:.2f} | "
-                     f"{v['tokens_per_second_excl_prefill']:.2f} | {v['speedup_vs_ar']:.2f}x | "
-                     f"{v['speedup_vs_ar_excl_prefill']:.2f}x | {v['tokens']} | {v['forwards']} | "
-                     f"{'yes' if v['lossless'] else 'NO'} |")
     mr_stats = {k: v for k, v in s.items() if k.startswith("mr")}
     lines += ["", "mr statistics: " + "; ".join(
         f"{k}: recycling rounds {v.get('recycling_rounds', 0)}, wins {v.get('recycling_wins', 0)}, spawns "

@@ -40,54 +40,51 @@ def ar_rates(model, encoded, tokens: int) -> list[float]:
     rates = []
     for ids in encoded:
         result = generate_ar(model.params, model.cfg, [ids], max_new_tokens=tokens, eos_ids=[])
-        rates.append(len(result.token_ids[0]) / result.seconds)
+        rates.append(result.stats["total"]["tokens_per_second"])
     return rates
+
+
+def method_options(method: str, block_size: int) -> dict:
+    return {"ar": {}, "jacobi": dict(block_size=block_size),
+            "mr": dict(block_size=block_size, num_blocks=2, pool_size=4)}[method]
+
+
+def run_summaries(completions: dict[str, list], reference: list[list[int]]) -> dict:
+    """Per method, ``decoding.stats.summarize`` of its completions' statistics (prompts decoded together share
+    their call's seconds), ``speedup_vs_ar`` and ``match_ar`` against ``reference`` (AR's tokens)."""
+    from jf_jax.decoding import stats
+
+    out = {}
+    for method, done in completions.items():
+        shared = {} if done[0].batch_size == 1 else dict(seconds=done[0].seconds,
+                                                           prefill_seconds=done[0].prefill_seconds)
+        out[method] = dict(stats.summarize([c.stats for c in done], **shared),
+                           match_ar=stats.match_fraction([c.token_ids for c in done], reference))
+    return stats.add_speedups(out)
 
 
 def parallel_vs_ar(model, tokens: int, block_size: int) -> dict:
     """jacobi and mr against AR (batch 1 each, EOS on): tokens/s, TPF and whether the tokens are equal."""
     from jf_jax import api
 
-    out = {}
-    runs = {"ar": {}, "jacobi": dict(block_size=block_size),
-            "mr": dict(block_size=block_size, num_blocks=2, pool_size=4)}
-    tokens_of = {}
-    for method, options in runs.items():
-        per_prompt = api.generate(model, PROMPTS, method=method, max_new_tokens=tokens, **options)
-        new = sum(c.new_tokens for c in per_prompt)
-        seconds = sum(c.seconds for c in per_prompt)
-        out[method] = dict(options, tokens=new, seconds=seconds, tokens_per_second=new / seconds,
-                           tokens_per_forward=new / sum(c.forwards for c in per_prompt))
-        tokens_of[method] = [c.token_ids for c in per_prompt]
-    for method in ("jacobi", "mr"):
-        out[method]["speedup_vs_ar"] = out[method]["tokens_per_second"] / out["ar"]["tokens_per_second"]
-        out[method]["equal_to_ar"] = tokens_of[method] == tokens_of["ar"]
-    return out
+    done = {method: api.generate(model, PROMPTS, method=method, max_new_tokens=tokens,
+                                 **method_options(method, block_size)) for method in ("ar", "jacobi", "mr")}
+    out = run_summaries(done, [c.token_ids for c in done["ar"]])
+    return {method: dict(method_options(method, block_size), **summary) for method, summary in out.items()}
 
 
 def batched_vs_ar(model, tokens: int, block_size: int) -> dict:
     """Total tokens/s of B prompts decoded together (EOS on), per method, for B in 4 and 8; tokens checked equal
-    to batch-1 AR's (the same prompts, repeated to fill the batch)."""
+    to batch-1 AR's (the same prompts, repeated to fill the batch); speedup against AR at the same batch size."""
     from jf_jax import api
 
     prompts = PROMPTS * 2
     alone = [c.token_ids for c in api.generate(model, prompts, method="ar", max_new_tokens=tokens)]
     out = {}
     for batch, methods in ((4, ("ar", "jacobi")), (8, ("ar", "jacobi", "mr"))):
-        out[batch] = {}
-        for method in methods:
-            options = {} if method == "ar" else dict(block_size=block_size)
-            if method == "mr":
-                options.update(num_blocks=2, pool_size=4)
-            done = api.generate(model, prompts[:batch], method=method, max_new_tokens=tokens, batch_size=batch,
-                                **options)
-            new = sum(c.new_tokens for c in done)
-            out[batch][method] = dict(tokens=new, seconds=done[0].seconds, tokens_per_second=new / done[0].seconds,
-                                      tokens_per_forward=new / sum(c.forwards for c in done),
-                                      equal_to_ar=[c.token_ids for c in done] == alone[:batch])
-        base = out[batch]["ar"]["tokens_per_second"]
-        for method in methods:
-            out[batch][method]["vs_ar"] = out[batch][method]["tokens_per_second"] / base
+        done = {method: api.generate(model, prompts[:batch], method=method, max_new_tokens=tokens, batch_size=batch,
+                                     **method_options(method, block_size)) for method in methods}
+        out[batch] = run_summaries(done, alone[:batch])
     return out
 
 
@@ -122,6 +119,9 @@ def bench_dtype(dtype: str, args, bandwidth: float) -> dict:
 
 
 def markdown(report: dict) -> str:
+    """The report's tables; the decoding statistics under ``decoding.stats``' keys (``decoding.stats_table``)."""
+    from jf_jax.decoding.stats_table import Column, render_table
+
     dtypes = list(report["dtypes"])
     lines = [f"Machine: {report['machine']}; read bandwidth {report['read_bandwidth_gbs']:.1f} GB/s; context "
              f"{report['context']} tokens; command: `{report['command']}`", "",
@@ -130,23 +130,18 @@ def markdown(report: dict) -> str:
         r = report["dtypes"][d]
         lines.append(f"| {d} ms | " + " | ".join(f"{r['latency_ms'][t]:.1f}" for t in SIZES) + " |")
         lines.append(f"| {d} / its t=1 | " + " | ".join(f"{r['latency_ratio'][t]:.2f}" for t in SIZES) + " |")
-    lines += ["", "| dtype | AR tok/s (batch 1) | bound | % of bound | jacobi tok/s (TPF) |"
-              " mr tok/s (TPF) | jacobi / AR | mr / AR | equal tokens |", "|---" * 9 + "|"]
-    for d in dtypes:
-        r, p = report["dtypes"][d], report["dtypes"][d]["parallel"]
-        lines.append(
-            f"| {d} | {r['ar_batch1_tokens_per_second']:.1f} | {r['ar_bound_tokens_per_second']:.1f} | "
-            f"{100 * r['ar_fraction_of_bound']:.0f}% | {p['jacobi']['tokens_per_second']:.1f} "
-            f"({p['jacobi']['tokens_per_forward']:.2f}) | {p['mr']['tokens_per_second']:.1f} "
-            f"({p['mr']['tokens_per_forward']:.2f}) | {p['jacobi']['speedup_vs_ar']:.2f} | "
-            f"{p['mr']['speedup_vs_ar']:.2f} | {p['jacobi']['equal_to_ar'] and p['mr']['equal_to_ar']} |")
-    lines += ["", "Batched decoding (total tok/s of the batch, TPF, ratio to AR at the same batch size, tokens "
-              "equal to batch-1 AR):", "", "| dtype | batch | method | tok/s | TPF | vs AR | equal |", "|---" * 7 + "|"]
-    for d in dtypes:
-        for batch, methods in report["dtypes"][d]["batched"].items():
-            for method, m in methods.items():
-                lines.append(f"| {d} | {batch} | {method} | {m['tokens_per_second']:.1f} | "
-                             f"{m['tokens_per_forward']:.2f} | {m['vs_ar']:.2f} | {m['equal_to_ar']} |")
+    bound = [Column("ar_batch1_tokens_per_second", "AR tok/s (batch 1, median)", ".1f"),
+             Column("ar_bound_tokens_per_second", "bound", ".1f"), Column("ar_fraction_of_bound", "of bound", ".0%")]
+    lines += ["", render_table([dict(report["dtypes"][d], dtype=d) for d in dtypes], ["dtype", *bound])]
+    speed = ["tokens_per_second", "tpf", "speedup_vs_ar", "match_ar"]
+    lines += ["", "Batch 1, prompt by prompt (tok/s over the summed seconds; = AR: share of answers equal to AR's):",
+              "", render_table([dict(m, dtype=d, method=method) for d in dtypes
+                                for method, m in report["dtypes"][d]["parallel"].items()], ["dtype", "method", *speed])]
+    lines += ["", "Batched decoding (total tok/s of the batch, TPF, x AR at the same batch size, share of answers "
+              "equal to batch-1 AR's):", "",
+              render_table([dict(m, dtype=d, batch=batch, method=method) for d in dtypes
+                            for batch, methods in report["dtypes"][d]["batched"].items()
+                            for method, m in methods.items()], ["dtype", "batch", "method", *speed])]
     if "transformers_tokens_per_second" in report:
         lines += ["", "transformers `generate` (batch 1, same weights): " + ", ".join(
             f"{d} {v:.1f} tok/s" for d, v in report["transformers_tokens_per_second"].items())]

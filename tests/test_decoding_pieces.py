@@ -131,12 +131,12 @@ def test_prompt_stats_and_summary():
                      counters={"recycling_rounds": 2})
     b = prompt_stats(tokens=2, forwards=2, stop=StopReason.MAX_NEW_TOKENS, seconds=1.0, prefill_seconds=0.5,
                      block_iters=np.asarray([1, 0]), accept_hist=np.asarray([0, 1]), counters={"recycling_rounds": 0})
-    assert a["stop_reason"] == "eos_bonus" and a["tokens_per_forward"] == 2.0
+    assert a["stop_reason"] == "eos_bonus" and a["tpf"] == 2.0
     assert a["iterations_per_block"] == [3, 1] and a["blocks"] == 2 and a["max_accepted_per_iteration"] == 3
     assert a["tokens_per_second"] == 5.0 and a["tokens_per_second_excl_prefill"] == 10 / 1.5
     total = summarize([a, b])
-    assert total["tokens"] == 12 and total["forwards"] == 7 and total["tokens_per_forward"] == 12 / 7
-    assert total["mean_tokens_per_forward"] == (2.0 + 1.0) / 2
+    assert total["tokens"] == 12 and total["forwards"] == 7 and total["tpf"] == 12 / 7
+    assert total["mean_tpf"] == (2.0 + 1.0) / 2
     assert total["tokens_per_second"] == 12 / 3.0 and total["tokens_per_second_excl_prefill"] == 12 / 2.0
     assert total["blocks"] == 3 and total["mean_iterations_per_block"] == 5 / 3
     assert total["accepted_per_iteration_histogram"] == [0, 3, 1, 1] and total["recycling_rounds"] == 2

@@ -83,6 +83,27 @@ def test_the_index_holds_each_runs_numbers(tmp_path):
     assert "[demo](results/demo/)" not in readme
 
 
+def test_speed_files_under_the_stats_schema_are_read_too(tmp_path):
+    """evaluate now writes ``decoding.stats``' names (speedup_vs_ar, tokens_per_second); the committed files keep
+    the old ones (speedup, tokens_per_s): the index reads both."""
+    root = fake_tree(tmp_path)
+
+    def cell(method, tpf, rate, speedup=None):
+        return dict(method=method, block_size=16, prompts=2, tokens=100, forwards=round(100 / tpf), tpf=tpf,
+                    mean_tpf=tpf, mean_tpf_ci95=[tpf, tpf], loop_rate=0.0, tokens_per_second=rate,
+                    tokens_per_second_excl_prefill=rate, match_ar=0.5, speedup_vs_ar=speedup, per_prompt=[])
+
+    speed = dict(args=dict(block_size=[16]), results=[dict(name="demo_r3", dtype="float32", speed={"code_heldout": {
+        "ar": cell("ar", 1.0, 40.0, 1.0), "jacobi n=16": cell("jacobi", 1.5, 30.0, 0.75),
+        "mr n=16": cell("mr", 1.75, 10.0)}})])  # mr without speedup_vs_ar: its tokens/s over AR's
+    write_run(root / "results" / "demo_r3", what="Round 3.", config=dict(run_name="demo_r3"),
+              reports={"speed.json": speed})
+    assert main(["--root", str(root)]) == 0
+    r3 = next(line for line in (root / "docs" / "results.md").read_text().splitlines()
+              if line.startswith("| [demo_r3]"))
+    assert "| float32 | 16 | 1.500 (0.75x) | 1.750 (0.25x) | 0.50 |" in r3
+
+
 def test_check_finds_a_stale_index_and_writes_nothing(tmp_path, capsys):
     root = fake_tree(tmp_path)
     assert main(["--root", str(root), "--check"]) == 1  # nothing generated yet

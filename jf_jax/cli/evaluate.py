@@ -8,16 +8,21 @@
 For each --model (a jf_jax.weights spec or a training RUN_DIR):
 
 * speed: every method of --methods (ar, jacobi, mr; jacobi and mr at each --block-size) decodes the first --limit
-  prompts of each --prompts file greedily in --dtype, batch 1, one prompt after another, after compilation. TPF =
-  generated tokens / forwards (the prefill counts as a forward, as in jf_jax.decoding.jacobi), as a ratio of totals
-  and as a per-prompt mean; tokens/s with and without prefill (docs/method.md); "x AR" is a method's tokens/s over
-  same-dtype AR's on the same prompts in the same run. "match_ar" is the fraction of prompts whose tokens equal AR's
-  (greedy Jacobi / MR are lossless up to floating-point ties, so it should be ~1).
+  prompts of each --prompts file (held out) and of each --train-prompts file (prompts the model trained on,
+  labelled "(train)") greedily in --dtype, batch 1, one prompt after another, after compilation. Every statistic
+  comes from jf_jax.decoding.stats under its schema names (docs/method.md, section 8): TPF = generated tokens /
+  forwards (the prefill counts as a forward) as a ratio of totals (tpf) and as a per-prompt mean (mean_tpf) with
+  its seeded bootstrap 95% interval; tokens/s with and without prefill; speedup_vs_ar: tokens/s over same-dtype
+  AR's on the same prompts in the same run; match_ar: the fraction of prompts whose tokens equal AR's (greedy
+  Jacobi / MR are lossless up to floating-point ties, so it should be ~1). Each answer's 4-gram repeat fraction
+  and whether it loops (jf_jax.decoding.answer_quality) give the loop rate and the same summary over the answers
+  that do not loop (without_loops).
 * quality (in --quality-dtype): GSM8K exact-answer accuracy of greedy AR answers on the first --math-limit problems
   of --math (jf_jax.data.gsm.is_correct: last \\boxed{} / '####' / last number against the gold answer), decoded
   in batches of --math-batch problems (batched greedy AR; not timed); HumanEval pass@1 by execution (--humaneval).
 
-Writes OUT.json (everything, per prompt included) and OUT.md (tables).
+Writes OUT.json (everything: per run its summary, its per_prompt records with tpf, repeat_fraction and loops, and
+its token_ids) and OUT.md (tables).
 """
 
 from __future__ import annotations
@@ -35,22 +40,20 @@ from jf_jax.data.build import read_jsonl
 
 
 def _speed_one(model, method: str, prompts, *, max_new_tokens: int, options: dict) -> dict:
+    """One timed run: ``stats.summarize_with_loops`` of its per-prompt records (the decoder's, with each answer's
+    ``repeat_fraction`` and ``loops``), the records, and the generated tokens."""
     from jf_jax.api import METHODS
-    from jf_jax.decoding.stats import summarize
+    from jf_jax.decoding.answer_quality import answer_quality
+    from jf_jax.decoding.stats import summarize_with_loops
 
     decode = METHODS[method]
     eos = model.tokenizer.eos_ids
     # Every method decodes one prompt at a time (batch_size 1, the default), so each prompt's timing is its own.
     r = decode(model.params, model.cfg, prompts, max_new_tokens=max_new_tokens, eos_ids=eos, batch_size=1,
                **options)
-    tokens, per_prompt = r.token_ids, r.stats["per_prompt"]
-    total = summarize(per_prompt)
-    return dict(method=method, prompts=len(prompts), tokens=total["tokens"], forwards=total["forwards"],
-                tpf=total["tokens_per_forward"], tpf_mean=total["mean_tokens_per_forward"],
-                tokens_per_s=total["tokens_per_second"],
-                tokens_per_s_no_prefill=total["tokens_per_second_excl_prefill"],
-                seconds=total["seconds"], prefill_seconds=total["prefill_seconds"], token_ids=tokens,
-                per_prompt_tpf=[p["tokens_per_forward"] for p in per_prompt])
+    per_prompt = [dict(p, **answer_quality(ids, p["stop_reason"]))
+                  for p, ids in zip(r.stats["per_prompt"], r.token_ids)]
+    return dict(method=method, **summarize_with_loops(per_prompt), per_prompt=per_prompt, token_ids=r.token_ids)
 
 
 def speed_runs(methods, block_sizes) -> list[tuple[str, str, dict]]:
@@ -68,18 +71,22 @@ def evaluate_model(spec: str, prompt_sets: dict[str, list[dict]], math_rows: lis
                    block_sizes: tuple[int, ...], max_new_tokens: int, math_max_new_tokens: int, num_blocks: int = 2,
                    seed: int = 0, math_batch: int = 10, humaneval: list[dict] | None = None,
                    humaneval_max_new_tokens: int = 384, dtype: str = "float32", quality_dtype: str = "float32",
-                   sampling=None, model=None) -> dict:
-    """Speed rows in ``dtype`` (every method against same-dtype AR: "speedup" is the ratio of tokens/s with the
-    prefill, "speedup_no_prefill" without), greedy or with ``sampling`` (a ``decoding.sampling.Sampling``; every
-    method then samples AR's tokens for the seed); GSM8K and HumanEval accuracy of greedy AR in ``quality_dtype``."""
+                   sampling=None, model=None, train_sets: tuple[str, ...] = ()) -> dict:
+    """Speed rows in ``dtype`` (every method against same-dtype AR: ``speedup_vs_ar`` is the ratio of tokens/s
+    with the prefill, ``speedup_vs_ar_excl_prefill`` without), greedy or with ``sampling`` (a
+    ``decoding.sampling.Sampling``; every method then samples AR's tokens for the seed); GSM8K and HumanEval
+    accuracy of greedy AR in ``quality_dtype``. ``train_sets`` names the sets of ``prompt_sets`` the model trained
+    on (recorded beside the results; the others are held out)."""
     from jf_jax.decoding.sampling import GREEDY
+    from jf_jax.decoding.stats import add_speedups, match_fraction
 
     from jf_jax.api import encode_prompts, load_model
     from jf_jax.data.gsm import extract_answer, is_correct
 
     model = model or load_model(spec, dtype=dtype)
     result = dict(model=spec, name=model.name, source=model.source, dtype=dtype, quality_dtype=quality_dtype,
-                  sampling=(sampling or GREEDY).describe(), speed={}, math=None, humaneval=None)
+                  sampling=(sampling or GREEDY).describe(), train_sets=list(train_sets), speed={}, math=None,
+                  humaneval=None)
     for set_name, rows in prompt_sets.items():
         ids = encode_prompts(model, [r["prompt"] for r in rows])
         per_run = {}
@@ -90,12 +97,9 @@ def evaluate_model(spec: str, prompt_sets: dict[str, list[dict]], math_rows: lis
                                        options=dict(options, seed=seed, sampling=sampling or GREEDY))
             per_run[name]["block_size"] = options.get("block_size")
         if "ar" in per_run:
-            ar = per_run["ar"]
             for m in per_run.values():
-                m["match_ar"] = statistics.fmean(a == b for a, b in zip(ar["token_ids"], m["token_ids"]))
-                m["speedup"] = m["tokens_per_s"] / ar["tokens_per_s"]
-                m["speedup_no_prefill"] = m["tokens_per_s_no_prefill"] / ar["tokens_per_s_no_prefill"]
-        result["speed"][set_name] = per_run
+                m["match_ar"] = match_fraction(m["token_ids"], per_run["ar"]["token_ids"])
+        result["speed"][set_name] = add_speedups(per_run)
     if (math_rows or humaneval) and quality_dtype != dtype:
         model = load_model(spec, dtype=quality_dtype)
     if math_rows:
@@ -187,23 +191,37 @@ def _sampling_text(args: dict) -> str:
             f"{args.get('top_p', 1.0)}, seed {args.get('seed', 0)})")
 
 
+SPEED_COLUMNS = ("model", "set", "method", "prompts", "tpf", "mean_tpf", "mean_tpf_ci95", "loop_rate",
+                 "without_loops.prompts", "without_loops.mean_tpf", "without_loops.mean_tpf_ci95", "tokens_per_second",
+                 "tokens_per_second_excl_prefill", "speedup_vs_ar", "speedup_vs_ar_excl_prefill", "match_ar")
+"""The speed table's columns: ``decoding.stats`` keys, rendered by ``decoding.stats_table``."""
+
+
+def speed_rows(results: list[dict]) -> list[dict]:
+    """One table row per (model, prompt set, run): the run's summary, labelled; a training set reads "(train)"."""
+    return [dict(cell, model=res["model"], method=run,
+                 set=f"{set_name} (train)" if set_name in res.get("train_sets", ()) else set_name)
+            for res in results for set_name, per_run in res["speed"].items() for run, cell in per_run.items()]
+
+
 def markdown(results: list[dict], args: dict) -> str:
+    from jf_jax.decoding.answer_quality import LOOP_REPEAT_FRACTION, REPEAT_NGRAM
+    from jf_jax.decoding.stats import BOOTSTRAP_RESAMPLES
+    from jf_jax.decoding.stats_table import render_table
+
+    trained = any(r.get("train_sets") for r in results)
     lines = [f"# Evaluation ({time.strftime('%Y-%m-%d %H:%M')})", "",
              f"max_new_tokens {args['max_new_tokens']}, {_sampling_text(args)}, batch 1, "
              f"{args.get('dtype', 'float32')}, {args.get('device', 'CPU (2 cores)')}. "
-             "TPF = tokens / forwards (prefill counted); tok/s with / without prefill; x AR = tok/s "
-             "over same-dtype AR's on the same prompts, with / without prefill.", "",
-             "| model | prompts | method | prompts | TPF | TPF (mean/prompt) | tok/s | tok/s no prefill | x AR | "
-             "x AR no prefill | = AR |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    nan = float("nan")
-    for res in results:
-        for set_name, per_method in res["speed"].items():
-            for m, s in per_method.items():
-                lines.append(f"| {res['model']} | {set_name} | {m} | {s['prompts']} | {s['tpf']:.3f} | "
-                             f"{s['tpf_mean']:.3f} | {s['tokens_per_s']:.1f} | {s['tokens_per_s_no_prefill']:.1f} | "
-                             f"{s.get('speedup', nan):.2f} | {s.get('speedup_no_prefill', nan):.2f} | "
-                             f"{s.get('match_ar', nan):.2f} |")
+             "TPF = tokens / forwards (prefill counted), over the set's totals; TPF (mean/prompt) with its "
+             f"bootstrap 95% interval ({BOOTSTRAP_RESAMPLES} resamples, seed 0). An answer loops when it ran to "
+             f"max_new_tokens and at least {LOOP_REPEAT_FRACTION:.0%} of its {REPEAT_NGRAM}-grams repeat an "
+             "earlier one (docs/method.md, section 8); loop rate = looping answers / prompts, and the 'without "
+             "loops' columns summarize the other answers. tok/s with / without prefill; x AR = tok/s over "
+             "same-dtype AR's on the same prompts, with / without prefill; = AR: share of answers equal to AR's."
+             + (" Sets marked (train) hold prompts the model was trained on; the others are held out."
+                if trained else ""), "",
+             render_table(speed_rows(results), SPEED_COLUMNS)]
     if any(r["math"] for r in results):
         lines += ["", f"Quality: greedy AR answers in {args.get('quality_dtype', 'float32')}.", "",
                   "| model | GSM held-out problems | correct | accuracy |", "|---|---|---|---|"]
@@ -226,6 +244,11 @@ def markdown(results: list[dict], args: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def prompt_set_name(path: str) -> str:
+    """A prompt set's name in the results: its file's stem (runs/prompts/code_heldout.jsonl -> code_heldout)."""
+    return os.path.splitext(os.path.basename(path))[0]
+
+
 def out_error(out: str) -> str | None:
     """Why OUT.json and OUT.md could not be written, or None when they can (their directory is created)."""
     return next(filter(None, (file_problem(out + ext) for ext in (".json", ".md"))), None)
@@ -236,6 +259,9 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", action="append", required=True, help="weights spec or RUN_DIR (repeatable)")
     p.add_argument("--prompts", action="append", default=[], help="held-out JSONL for speed (repeatable)")
+    p.add_argument("--train-prompts", action="append", default=[],
+                   help="JSONL of prompts the model trained on, measured beside the held-out sets and labelled "
+                        "(train) (repeatable)")
     p.add_argument("--limit", type=int, default=8, help="prompts per --prompts file")
     p.add_argument("--math", help="held-out GSM JSONL (with 'answer') for accuracy")
     p.add_argument("--math-limit", type=int, default=20)
@@ -267,7 +293,13 @@ def main(argv=None) -> int:
     from jf_jax.decoding.sampling import Sampling
 
     sampling = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-    prompt_sets = {os.path.splitext(os.path.basename(f))[0]: read_jsonl(f)[: args.limit] for f in args.prompts}
+    names = [prompt_set_name(f) for f in args.prompts + args.train_prompts]
+    if len(set(names)) < len(names):
+        print(f"error: two prompt files share a name ({', '.join(names)}): each set is named by its file's stem",
+              file=sys.stderr)
+        return 2
+    prompt_sets = {prompt_set_name(f): read_jsonl(f)[: args.limit] for f in args.prompts + args.train_prompts}
+    train_sets = tuple(prompt_set_name(f) for f in args.train_prompts)
     math_rows = read_jsonl(args.math)[: args.math_limit] if args.math else []
     humaneval = []
     if args.humaneval > 0:
@@ -281,7 +313,8 @@ def main(argv=None) -> int:
                              dtype=args.dtype, quality_dtype=args.quality_dtype, sampling=sampling,
                              max_new_tokens=args.max_new_tokens, math_max_new_tokens=args.math_max_new_tokens,
                              num_blocks=args.num_blocks, seed=args.seed, math_batch=args.math_batch,
-                             humaneval=humaneval, humaneval_max_new_tokens=args.humaneval_max_new_tokens)
+                             humaneval=humaneval, humaneval_max_new_tokens=args.humaneval_max_new_tokens,
+                             train_sets=train_sets)
         res["seconds"] = time.perf_counter() - start
         results.append(res)
         for set_name, per_method in res["speed"].items():

@@ -3,7 +3,8 @@ speed, quality and export check, taken from the files the pipeline writes there 
 ``experiments/check_export.py``'s JSON, the run directory's ``config.yaml``) and its ``NOTES.md``.
 
 Every number comes from those files; nothing here is typed in. Files written before a field existed (the first
-evaluations have no ``speedup`` and name methods without a block size) are read as far as they go.
+evaluations have no speedup and name methods without a block size) are read as far as they go, and files written
+before evaluate took ``decoding.stats``' key names (``speedup``, ``tokens_per_s``) are read under those.
 """
 
 from __future__ import annotations
@@ -104,6 +105,12 @@ def _block_size(key: str, cell: dict, args: dict) -> int | None:
     return int(sizes[0]) if len(sizes) == 1 and sizes[0] else None
 
 
+def _either(cell: dict, key: str, old_key: str):
+    """``cell[key]`` under ``decoding.stats``' schema, else under the name evaluate wrote before it (``old_key``),
+    else None: committed results are read as written, never rewritten."""
+    return cell[key] if cell.get(key) is not None else cell.get(old_key)
+
+
 def speed_of(report: dict, result: dict, source: str) -> Speed | None:
     args = report.get("args") or {}
     cells = (result.get("speed") or {}).get(SPEED_DOMAIN) or {}
@@ -114,9 +121,10 @@ def speed_of(report: dict, result: dict, source: str) -> Speed | None:
         size = _block_size(key, cell, args)
         if method == "ar" or size is None:
             continue
-        x_ar = cell.get("speedup")
-        if x_ar is None and cell.get("tokens_per_s") and ar.get("tokens_per_s"):
-            x_ar = cell["tokens_per_s"] / ar["tokens_per_s"]  # what evaluate now records as speedup
+        x_ar = _either(cell, "speedup_vs_ar", "speedup")
+        rate, ar_rate = (_either(c, "tokens_per_second", "tokens_per_s") for c in (cell, ar))
+        if x_ar is None and rate and ar_rate:
+            x_ar = rate / ar_rate  # what evaluate now records as speedup_vs_ar
         by_size.setdefault(size, {})[method] = MethodSpeed(cell["tpf"], x_ar, cell.get("match_ar"))
     if not by_size:
         return None

@@ -1,15 +1,20 @@
 """Decoding statistics, computed in one place: per prompt (``prompt_stats``) and over prompts (``summarize``).
 
-Every consumer reads these: the decoders' ``GenerationResult.stats``, the CLI's summary table and JSON, the
-evaluation, the tuner's TPF grid and the benchmarks. Definitions (docs/method.md, decision 8):
+Every consumer reads these, under these key names and no others: the decoders' ``GenerationResult.stats``, the
+CLI's summary table and JSON, the evaluation, the ablations, the tuner's TPF grid and the benchmarks; their tables
+are drawn by ``decoding.stats_table`` from the same keys. Definitions (docs/method.md, section 8):
 
-* tokens per forward (TPF) = generated tokens / model forwards, the prefill counted as one forward; over prompts,
-  the ratio of the sums (``tokens_per_forward``) and the mean of the per-prompt ratios
-  (``mean_tokens_per_forward``);
-* tokens per second with and without the prefill's time, over the summed seconds;
+* ``tpf`` (tokens per forward) = generated tokens / model forwards, the prefill counted as one forward; over
+  prompts, the ratio of the sums (``tpf``) and the mean of the per-prompt ratios (``mean_tpf``);
+* ``tokens_per_second`` and ``tokens_per_second_excl_prefill``, over the summed seconds;
+* ``speedup_vs_ar`` and ``speedup_vs_ar_excl_prefill``: tokens/s over the AR run's (``add_speedups``);
+  ``match_ar``: the fraction of prompts whose tokens equal AR's (``match_fraction``);
 * iterations per block (forwards after the prefill spent on each block) and the histogram of tokens accepted per
   iteration, pooled over prompts;
-* method counters (recycling rounds and wins, spawns, promotions), summed.
+* method counters (recycling rounds and wins, spawns, promotions), summed;
+* for answers scored by ``decoding.answer_quality`` (``repeat_fraction``, ``loops``): ``loop_rate`` and
+  ``mean_repeat_fraction``; ``summarize_with_loops`` adds ``mean_tpf_ci95``, the seeded bootstrap 95% interval
+  of ``mean_tpf``, and the same summary over the answers that do not loop (``without_loops``).
 """
 
 from __future__ import annotations
@@ -27,6 +32,10 @@ SUMMED_COUNTERS = ("blocks", "recycling_rounds", "recycling_wins", "spawns", "pr
 
 # Wall-clock fields: the only ones that differ between two runs of the same decoding.
 TIMING_KEYS = ("seconds", "prefill_seconds", "median_seconds", "tokens_per_second", "tokens_per_second_excl_prefill")
+
+# Resamples of the bootstrap interval of mean TPF: each end's Monte Carlo error is then about 0.06 standard errors
+# of the mean, under a fiftieth of the interval's width, so the seed barely moves it.
+BOOTSTRAP_RESAMPLES = 2000
 
 
 def tokens_per_forward(tokens: int, forwards: int) -> float:
@@ -51,7 +60,7 @@ def prompt_stats(*, tokens: int, forwards: int, stop: int, seconds: float | None
     arrays; AR has neither.
     """
     out = dict(tokens=int(tokens), forwards=int(forwards), stop_reason=StopReason(int(stop)).label,
-               tokens_per_forward=tokens_per_forward(tokens, forwards))
+               tpf=tokens_per_forward(tokens, forwards))
     if seconds is not None:
         out.update(seconds=float(seconds), prefill_seconds=float(prefill_seconds or 0.0))
         out.update(tokens_per_second=tokens_per_second(tokens, seconds),
@@ -79,9 +88,8 @@ def summarize(per_prompt: Sequence[Mapping], *, seconds: float | None = None,
     tokens = sum(int(p["tokens"]) for p in per_prompt)
     forwards = sum(int(p["forwards"]) for p in per_prompt)
     out = dict(prompts=len(per_prompt), tokens=tokens, forwards=forwards,
-               tokens_per_forward=tokens_per_forward(tokens, forwards),
-               mean_tokens_per_forward=statistics.fmean(tokens_per_forward(p["tokens"], p["forwards"])
-                                                        for p in per_prompt))
+               tpf=tokens_per_forward(tokens, forwards),
+               mean_tpf=statistics.fmean(tokens_per_forward(p["tokens"], p["forwards"]) for p in per_prompt))
     if seconds is None and all("seconds" in p for p in per_prompt):
         seconds = sum(p["seconds"] for p in per_prompt)
         prefill_seconds = sum(p["prefill_seconds"] for p in per_prompt)
@@ -101,13 +109,51 @@ def summarize(per_prompt: Sequence[Mapping], *, seconds: float | None = None,
         width = max(len(h) for h in hists)
         out["accepted_per_iteration_histogram"] = [int(x) for x in
                                                    np.sum([np.pad(h, (0, width - len(h))) for h in hists], axis=0)]
+    if all("loops" in p for p in per_prompt):  # answers scored by decoding.answer_quality
+        out["loop_rate"] = statistics.fmean(bool(p["loops"]) for p in per_prompt)
+        out["mean_repeat_fraction"] = statistics.fmean(p["repeat_fraction"] for p in per_prompt)
     return out
 
 
+def bootstrap_mean_interval(values: Sequence[float], *, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0,
+                            level: float = 0.95) -> list[float]:
+    """The percentile bootstrap interval of the mean of ``values``: ``resamples`` resamples of len(values) values
+    drawn with replacement by ``numpy.random.default_rng(seed)``, and the (1 - level) / 2 and (1 + level) / 2
+    quantiles of their means, as ``[low, high]``. Seeded, so the same values always give the same interval; one
+    value gives a zero-width interval, since its resamples cannot vary."""
+    if not len(values):
+        raise ValueError("no values to bootstrap")
+    data = np.asarray(values, np.float64)
+    means = data[np.random.default_rng(seed).integers(0, len(data), size=(resamples, len(data)))].mean(axis=1)
+    low, high = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    return [float(low), float(high)]
+
+
+def summarize_with_loops(per_prompt: Sequence[Mapping]) -> dict:
+    """``summarize`` of prompts timed one at a time whose records carry ``repeat_fraction`` and ``loops``
+    (``decoding.answer_quality``), with ``mean_tpf_ci95`` (``bootstrap_mean_interval`` of the per-prompt TPF),
+    and under ``without_loops`` the same over the answers that do not loop (None when every answer loops)."""
+
+    def with_interval(records):
+        return dict(summarize(records), mean_tpf_ci95=bootstrap_mean_interval([p["tpf"] for p in records]))
+
+    kept = [p for p in per_prompt if not p["loops"]]
+    return dict(with_interval(per_prompt), without_loops=with_interval(kept) if kept else None)
+
+
 def add_speedups(summary: dict[str, dict], baseline: str = "ar") -> dict[str, dict]:
-    """Adds ``speedup_vs_<baseline>`` (tokens/s ratio) to every method's summary when the baseline was run."""
-    base = summary.get(baseline, {}).get("tokens_per_second")
-    if base:
-        for stats in summary.values():
-            stats[f"speedup_vs_{baseline}"] = stats["tokens_per_second"] / base
+    """Adds ``speedup_vs_<baseline>`` and ``speedup_vs_<baseline>_excl_prefill`` (ratios of tokens/s with and
+    without the prefill) to every run's summary when the baseline was run."""
+    base = summary.get(baseline, {})
+    for key, suffix in (("tokens_per_second", ""), ("tokens_per_second_excl_prefill", "_excl_prefill")):
+        if base.get(key):
+            for stats in summary.values():
+                stats[f"speedup_vs_{baseline}{suffix}"] = stats[key] / base[key]
     return summary
+
+
+def match_fraction(token_ids: Sequence[Sequence[int]], reference: Sequence[Sequence[int]]) -> float:
+    """The fraction of prompts whose generated tokens equal the reference run's (``match_ar`` against AR)."""
+    if len(token_ids) != len(reference) or not token_ids:
+        raise ValueError(f"cannot match {len(token_ids)} answers against {len(reference)}")
+    return statistics.fmean(list(a) == list(b) for a, b in zip(token_ids, reference))
