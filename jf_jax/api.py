@@ -67,10 +67,15 @@ def load_model(spec: str = DEFAULT_MODEL, dtype: str = "float32", column_shards:
     ``cpu_kernels`` GEMM can run here and no ``column_shards`` are asked for, the matmul weights are packed for
     it instead. ``dtype="int8"`` quantises the matmul weights (per output channel) and each matmul's input (per
     row) to int8 over a bfloat16 model: a lossy approximation, decoded losslessly against its own AR.
+    ``dtype="auto"`` takes the fastest dtype shown lossless on this machine (``model.machine.choose_dtype``).
     ``model.decode_view.stacked_params`` gives back the stacked training layout.
     """
     import cpu_kernels
     from jf_jax import weights  # deferred: it pulls in gguf / safetensors / orbax
+    from jf_jax.model import machine
+
+    if dtype == "auto":
+        dtype = machine.choose_dtype(dtype).dtype
 
     if dtype == "int8":  # W8A8 matmuls (``model.quantize``), everything else in bfloat16
         if column_shards not in (None, 1):

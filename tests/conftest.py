@@ -55,6 +55,15 @@ def require(module_name: str, reason: str | None = None):
                 f"(install the test extras: pip install -e '.[test]'): {error}", pytrace=False)
 
 
+@pytest.fixture
+def cpu_kernels_run_here():
+    """For a test of jf-jax's CPU kernels: skips it on a machine that cannot run them (backend, CPU features) and
+    fails it on one that can but whose kernel library is missing or broken (``tests.support.kernel_gate``)."""
+    from tests.support import kernel_gate
+
+    kernel_gate.apply(kernel_gate.this_machine())
+
+
 SLOW_FILES_FIRST = ("test_notebooks.py", "test_real_smollm2_decoding.py", "test_cached_attention.py", "test_cli.py",
                     "test_model_families.py", "test_sampling.py", "test_real_smollm2_logits.py",
                     "test_multiprocess.py")

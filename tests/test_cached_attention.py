@@ -24,6 +24,7 @@ from jf_jax.model.params import cast_params, init_params
 from jf_jax.model.token_meta import cache_key_meta, causal_meta, concat_meta
 from jf_jax.model.transformer import forward, forward_shared_prefix, logits
 from pallas_kernels import attention_reference
+from tests.support import kernel_gate
 
 
 def test_part_a_programs_cover_every_length():
@@ -101,8 +102,8 @@ def test_decode_programs_keep_reductions_out_of_ynnpack_whatever_the_environment
 @pytest.mark.parametrize("dtype,layout", [("float32", "shards"), ("bfloat16", "shards"), ("bfloat16", "packed"),
                                           ("bfloat16", "int8")])
 def test_a_token_gets_the_same_bits_however_its_forward_is_shaped(dtype, layout, kernels, monkeypatch):
-    if kernels and not cpu_kernels.available():
-        pytest.skip(f"the CPU kernels cannot run here: {cpu_kernels.unavailable_reason()}")
+    if kernels:
+        kernel_gate.apply(kernel_gate.this_machine())  # skips on a CPU without them, fails if they are not built
     if not kernels:  # the plain-JAX twins (attention; XLA's dot for packed weights) must be invariant too
         monkeypatch.setattr(cpu_kernels.library, "available", lambda: False)
     cfg = MID.replace(dtype=dtype)

@@ -11,11 +11,12 @@ from jf_jax.cli import decode
 from jf_jax.decoding.common import MAX_BATCH_SIZE, MAX_SEED
 from jf_jax.decoding.multiblock import MAX_NUM_BLOCKS, MAX_POOL_SIZE
 from jf_jax.decoding.runner import MAX_BLOCK_SIZE
+from jf_jax.model import machine
 from jf_jax.weights import store
 
 RUN_KEYS = {"method", "prompt_index", "prompt", "token_ids", "text", "new_tokens", "forwards", "batch_size", "seconds",
             "prefill_seconds"}
-SUMMARY_KEYS = {"tokens_per_forward", "tokens_per_second", "tokens_per_second_excl_prefill", "speedup_vs_ar"}
+SUMMARY_KEYS = {"tpf", "mean_tpf", "tokens_per_second", "tokens_per_second_excl_prefill", "speedup_vs_ar"}
 
 
 @pytest.fixture(autouse=True)
@@ -31,7 +32,8 @@ def test_json_report_follows_the_contract(tiny_gguf, tmp_path, capsys):
                         "--max-new-tokens", "6", "--json", str(out)])
     assert code == 0
     report = json.loads(out.read_text())
-    assert set(report) == {"model", "settings", "runs", "summary"}
+    assert set(report) == {"model", "settings", "environment", "runs", "summary"}
+    assert report["environment"]["dtype"] == report["settings"]["dtype"] and report["environment"]["engine"]
     assert report["model"] == "tiny" and report["settings"]["max_new_tokens"] == 6
     assert [r["prompt"] for r in report["runs"]] == ["xyz", "abc", "hello there"]
     for run in report["runs"]:
@@ -40,7 +42,7 @@ def test_json_report_follows_the_contract(tiny_gguf, tmp_path, capsys):
         assert run["forwards"] == run["new_tokens"] and run["seconds"] > run["prefill_seconds"] > 0
     assert SUMMARY_KEYS <= set(report["summary"]["ar"])
     assert report["summary"]["ar"]["speedup_vs_ar"] == 1.0
-    assert report["summary"]["ar"]["tokens_per_forward"] == 1.0
+    assert report["summary"]["ar"]["tpf"] == 1.0
     printed = capsys.readouterr().out
     assert "tok/s" in printed and "[2] hello there" in printed
 
@@ -53,10 +55,12 @@ def test_txt_prompts_and_no_chat(tiny_gguf, tmp_path):
                         "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     runs = report["runs"]
-    # The first screen: ar and jacobi by default, in bfloat16, with the speedup of each against AR.
+    # The first screen: ar and jacobi by default, in this machine's auto dtype (bfloat16 on a CPU), with the speedup
+    # of each against AR.
     assert [(r["method"], r["prompt"]) for r in runs] == [("ar", "abc"), ("ar", "bca"), ("jacobi", "abc"),
                                                           ("jacobi", "bca")]
-    assert report["settings"]["dtype"] == "bfloat16" and report["settings"]["block_size"] == 8
+    assert report["settings"]["dtype"] == machine.choose_dtype("auto").dtype and report["settings"]["block_size"] == 8
+    assert report["environment"]["dtype_requested"] == "auto"
     assert [r["token_ids"] for r in runs[2:]] == [r["token_ids"] for r in runs[:2]]
     assert "speedup_vs_ar" in report["summary"]["jacobi"]
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from jf_jax.cli.output_paths import file_problem
 from jf_jax.data.prompt_files import gather_prompts
-from jf_jax.decoding import stats
+from jf_jax.decoding import stats, stats_table
+from jf_jax.decoding.stats_table import Column
 
 # Methods with a step-by-step (python) driver that can stream accepted tokens.
 STREAMING_METHODS = ("jacobi", "mr")
@@ -46,10 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--methods", help=f"comma list of decoding methods, e.g. ar,jacobi,mr (default "
                    f"{DEFAULTS['methods']})")
     p.add_argument("--max-new-tokens", type=int, help=f"default {DEFAULTS['max_new_tokens']}")
-    p.add_argument("--dtype", choices=("float32", "bfloat16", "int8"), default="bfloat16",
-                   help="bfloat16 (default: ~3x float32's AR speed here, and jacobi/mr equal its own AR token for "
-                        "token), float32 (the reference) or int8 (W8A8 matmuls: a lossy approximation of the model, "
-                        "decoded losslessly against its own int8 AR)")
+    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "int8"), default="auto",
+                   help="auto (default: the fastest dtype shown lossless on this backend, jf_jax.model.machine; "
+                        "bfloat16 on CPUs, float32 on GPUs; python -m jf_jax.doctor says which and why), bfloat16, "
+                        "float32 (the reference) or int8 (W8A8 matmuls: a lossy approximation of the model, decoded "
+                        "losslessly against its own int8 AR)")
     p.add_argument("--no-chat", action="store_true", help="do not apply the model's chat template")
     p.add_argument("--json", type=Path, help="write the runs and summary as JSON to this path")
     p.add_argument("--block-size", type=_int_or_tuned,
@@ -184,26 +186,18 @@ def check_writable(path: Path) -> None:
 
 
 def format_table(runs: list[dict], summary: dict) -> str:
-    header = f"{'method':<8} {'prompt':>6} {'tokens':>6} {'fwds':>5} {'TPF':>5} {'sec':>7} {'tok/s':>7} {'tok/s*':>7}"
-    lines = [header, "-" * len(header)]
-    for r in runs:
-        line = (f"{r['method']:<8} {r['prompt_index']:>6} {r['new_tokens']:>6} {r['forwards']:>5} "
-                f"{r['new_tokens'] / max(1, r['forwards']):>5.2f} ")
-        if r["batch_size"] > 1:  # prompts decoded together have no wall clock of their own
-            line += f"{'-':>7} {'-':>7} {'-':>7}"
-        else:
-            decode_s = r["seconds"] - r["prefill_seconds"]
-            line += (f"{r['seconds']:>7.2f} {r['new_tokens'] / r['seconds']:>7.1f} "
-                     f"{r['new_tokens'] / max(decode_s, 1e-9):>7.1f}")
-        lines.append(line)
-    lines += ["", f"{'method':<8} {'TPF':>6} {'tok/s':>8} {'tok/s*':>8} {'vs AR':>7}", "-" * 41]
-    for method, s in summary.items():
-        speedup = f"{s['speedup_vs_ar']:.2f}x" if "speedup_vs_ar" in s else "-"
-        lines.append(f"{method:<8} {s['tokens_per_forward']:>6.2f} {s['tokens_per_second']:>8.1f} "
-                     f"{s['tokens_per_second_excl_prefill']:>8.1f} {speedup:>7}")
+    """Each run's statistics, then each method's summary (``decoding.stats_table``: the schema's headers)."""
+    per_run = [dict(r["stats"], method=r["method"], prompt_index=r["prompt_index"]) for r in runs]
+    # A batched prompt's stats have no seconds of their own: its timing cells read "-".
+    lines = [stats_table.render_table(per_run, ["method", Column("prompt_index", "prompt", "d"), "tokens",
+                                                "forwards", "tpf", "seconds", "tokens_per_second",
+                                                "tokens_per_second_excl_prefill"], markdown=False), "",
+             stats_table.render_table([dict(s, method=m) for m, s in summary.items()],
+                                      ["method", "tpf", "tokens_per_second", "tokens_per_second_excl_prefill",
+                                       "speedup_vs_ar"], markdown=False)]
     batch = runs[0]["batch_size"] if runs else 1
     how = "prompt by prompt" if batch == 1 else f"{batch} prompts at a time (totals over the batches)"
-    lines.append(f"(tok/s* excludes prefill; every method is timed after compilation, {how})")
+    lines.append(f"(every method is timed after compilation, {how})")
     return "\n".join(lines)
 
 
@@ -236,6 +230,7 @@ def run(args) -> dict:
         args.block_size, args.pool_size = resolve_tuned(args.block_size, args.pool_size, args.tune_out)
         print(f"tuned configuration: block size {args.block_size}, pool size {args.pool_size}", file=sys.stderr)
         check_values(args)
+    environment = resolve_dtype(args)
     print(f"loading {args.model} ({args.dtype}) ...", file=sys.stderr)
     model = api.load_model(args.model, dtype=args.dtype)
     runs = []
@@ -272,7 +267,21 @@ def run(args) -> dict:
                 bar.update(len(prompts))
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
                 if k not in ("prompt", "prompts", "json")}
-    return {"model": model.name, "settings": settings, "runs": runs, "summary": summarize(runs)}
+    return {"model": model.name, "settings": settings, "environment": environment, "runs": runs,
+            "summary": summarize(runs)}
+
+
+def resolve_dtype(args) -> dict:
+    """Replaces ``args.dtype`` "auto" by this machine's choice (``model.machine.choose_dtype``), prints the engine
+    lines of the header (the dtype, the path its matmuls take, the CPU's features) and returns the report's
+    environment."""
+    from jf_jax.model import machine
+
+    here = machine.detect()
+    choice = machine.choose_dtype(args.dtype, here)
+    args.dtype = choice.dtype
+    print(machine.header(here, choice), file=sys.stderr)
+    return machine.environment(here, choice)
 
 
 def run_tuner(args) -> int:
@@ -282,6 +291,7 @@ def run_tuner(args) -> int:
     from jf_jax.tuning.measure import TUNE_PROMPTS
 
     prompts = gather_prompts(args.prompt, args.prompts, limit_builtin=TUNE_PROMPTS)
+    resolve_dtype(args)
     tune_and_report(args, prompts, command=" ".join(["python -m jf_jax.decode"] + sys.argv[1:]),
                     names=("num_blocks", "spawn_ratio", "seed"))
     return 0

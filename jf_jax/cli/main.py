@@ -16,6 +16,7 @@ COMMANDS = {
     "evaluate": ("jf_jax.cli.evaluate", "speed (TPF, x AR) and quality of models on held-out prompts"),
     "export": ("jf_jax.cli.export", "write any model jf-jax loads as a Hugging Face directory"),
     "tune": ("jf_jax.cli.tune", "measure this machine and choose block size and verification rows"),
+    "doctor": ("jf_jax.cli.doctor", "what this machine gives jf-jax: backend, CPU features, kernels, dtype paths"),
     "results": ("jf_jax.cli.results", "regenerate docs/results.md (and README's results table) from results/<run>/"),
 }
 """command -> (module with ``main(argv) -> int``, one line of help), in pipeline order."""

@@ -1,0 +1,197 @@
+"""``python -m jf_jax.doctor``: what this machine gives jf-jax, in seconds.
+
+The JAX backend and devices; on a CPU its model and the instruction-set features that decide decode speed;
+whether jf-jax's CPU kernels run here (and if not, whether that is the CPU or a library to build); the path each
+dtype's decode takes; the dtype ``--dtype auto`` picks and why; the XLA options of decode programs; and where
+jacobi / mr == AR has been shown for this backend. ``--check`` also decodes a small random model greedily with
+AR and jacobi in float32 and bfloat16 on this backend, and exits 1 unless their tokens are equal and a block's
+logits have the bits of one-token steps (the property the guarantee rests on, which a random model's tokens
+alone rarely expose).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+CHECK_DTYPES = ("float32", "bfloat16")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="jf-jax doctor", description=__doc__.splitlines()[0])
+    p.add_argument("--check", action="store_true",
+                   help="also decode a small random model with AR and jacobi in float32 and bfloat16 here, and "
+                        "fail (exit 1) unless their tokens are equal and a block's logits have the bits of one-token "
+                        "steps (compiling takes about half a minute on two cores)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    return p
+
+
+def report(machine) -> dict:
+    """Everything the doctor says about ``machine`` (a ``jf_jax.model.machine.Machine``), as plain data."""
+    import jax
+
+    from jf_jax.model import decode_jit, machine as machines
+
+    backend = machine.backend
+    paths = {d: machines.engine_path(machine, d) for d in machines.DTYPES}
+    auto = machines.choose_dtype("auto", machine)
+    library = machine.kernels_library_problem
+    kernels = ("run (library built and loaded)" if machine.kernels_run else
+               f"cannot run here: {machine.kernels_machine_reason} (library: {library or 'built, not loaded'})"
+               if machine.kernels_machine_reason else f"this CPU can run them, but: {library}")
+    return {
+        "jax": jax.__version__,
+        "backend": backend,
+        "devices": list(machine.devices),
+        "cpu": {"model": machine.cpu_model or "unknown", "cores": machine.cores,
+                "features": machine.features() or "unknown"},
+        "cpu_kernels": kernels,
+        "decode_paths": {d: {"summary": p.summary, "matmuls": p.matmuls, "attention": p.attention,
+                             **({"note": p.note} if p.note else {})} for d, p in paths.items()},
+        "auto": {"dtype": auto.dtype, "path": paths[auto.dtype].summary, "reason": auto.reason},
+        "compiler_options": decode_jit.COMPILER_OPTIONS.get(backend, {}),
+        "full_float32_matmuls": backend in decode_jit.FULL_PRECISION_BACKENDS,
+        "lossless": {d: machines.lossless_evidence(backend, d) for d in machines.DTYPES},
+    }
+
+
+def format_report(r: dict) -> str:
+    cpu = r["cpu"]
+    features = cpu["features"]
+    if isinstance(features, dict):
+        features = " ".join(f for f, present in features.items() if present) + "  (absent: " + (
+            " ".join(f for f, present in features.items() if not present) or "none") + ")"
+    options = r["compiler_options"]
+    lines = [
+        f"backend       {r['backend']} (jax {r['jax']}): {len(r['devices'])} device(s), {', '.join(r['devices'])}",
+    ]
+    if r["backend"] == "cpu":
+        lines += [f"cpu           {cpu['model']}, {cpu['cores']} cores", f"features      {features}"]
+    lines += [
+        f"cpu kernels   {r['cpu_kernels']}",
+        "decode paths",
+        *(f"  {d:<9}   {p['summary']}" + (f"\n              note: {p['note']}" if "note" in p else "")
+          for d, p in r["decode_paths"].items()),
+        f"attention     {' / '.join(dict.fromkeys(p['attention'] for p in r['decode_paths'].values()))}",
+        f"--dtype auto  {r['auto']['dtype']} ({r['auto']['path']}): {r['auto']['reason']}",
+        "xla options   " + (", ".join(f"{k}={v}" for k, v in options.items()) or "none") + " in every decode program"
+        + (" (keeps reductions out of YNNPACK, so a token's logits have the same bits in a block as alone)"
+           if options else "") + ("; float32 matmuls at full precision" if r["full_float32_matmuls"] else ""),
+        "lossless (jacobi / mr tokens == AR tokens) on this backend",
+        *(f"  {d:<9}   {text}" for d, text in r["lossless"].items()),
+    ]
+    if "check" in r:
+        lines.append("check (a random model, greedy, on this backend)")
+        for c in r["check"]:
+            tokens = "jacobi == AR" if c["equal"] else f"jacobi != AR, first at {c['first_difference']}"
+            bits = ("block logits bit-identical to one-token steps" if c["block_logits_bit_identical"] else
+                    f"block logits differ from one-token steps by up to {c['block_logits_max_difference']:.3g}, so "
+                    "equal tokens hold only away from near-ties")
+            lines.append(f"  {c['dtype']:<9}   {tokens} ({c['tokens']} tokens, n = {c['block_size']}); {bits} "
+                         f"[{c['seconds']:.0f} s]")
+    return "\n".join(lines)
+
+
+CHECK_SHAPE = dict(architecture="llama", vocab_size=512, hidden_size=576, intermediate_size=1536, num_layers=2,
+                   num_heads=9, num_kv_heads=3, head_dim=64, rope_theta=10000.0, rms_norm_eps=1e-5,
+                   max_position_embeddings=2048, attention_bias=False, tie_word_embeddings=False)
+"""The check's random model: SmolLM2-135M's layer shapes, 2 layers and a vocabulary of 512, large enough for
+XLA:CPU's size-dependent kernel choices. Untied, so that the greedy continuation wanders instead of repeating
+the current token (a tied random model's largest logit is its input token's)."""
+
+
+def check(machine, dtypes=CHECK_DTYPES, *, prompts: int = 2, prompt_length: int = 20, max_new_tokens: int = 32,
+          block_size: int = 16, bit_samples: int = 6) -> list[dict]:
+    """Per dtype, on a random model (``CHECK_SHAPE``) in the decode view ``load_model`` would build here: whether
+    greedy AR and jacobi give equal tokens (the guarantee), and whether a block's logits have the bits of the
+    same tokens' one-token steps (what the guarantee rests on; without it equality holds only away from
+    near-ties, as on GPUs in bf16), over ``bit_samples`` random prompts and blocks. (Without decode_jit's XLA
+    option, XLA:CPU's YNNPACK reductions made a 16-token block differ in every float32 sample and in about one
+    bfloat16 sample in three; at 8 tokens it did not show.)"""
+    import jax
+    import numpy as np
+
+    from jf_jax import api
+    from jf_jax.decoding.ar import generate_ar
+    from jf_jax.decoding.jacobi import generate_jacobi
+    from jf_jax.model.config import ModelConfig
+    from jf_jax.model.decode_view import decode_view
+    from jf_jax.model.params import cast_params, init_params
+
+    rng = np.random.default_rng(0)
+    ids = [rng.integers(0, CHECK_SHAPE["vocab_size"], prompt_length).tolist() for _ in range(prompts)]
+    results = []
+    for dtype in dtypes:
+        started = time.perf_counter()
+        cfg = ModelConfig(**CHECK_SHAPE, dtype=dtype)
+        params = init_params(cfg, jax.random.PRNGKey(0))
+        params = cast_params({**params, "embed": params["embed"] * 4.0}, cfg.compute_dtype)
+        # The view jf_jax.api.load_model builds for this dtype on this machine.
+        view = (decode_view(params, pack=True) if dtype == "bfloat16" and machine.kernels_run
+                else decode_view(params, column_shards=api.default_column_shards()))
+        ar = generate_ar(view, cfg, ids, max_new_tokens=max_new_tokens, eos_ids=[], warmup=False).token_ids
+        jacobi = generate_jacobi(view, cfg, ids, max_new_tokens=max_new_tokens, eos_ids=[], block_size=block_size,
+                                 warmup=False).token_ids
+        differences = [{"prompt": i, "position": first_difference(a, j)} for i, (a, j) in enumerate(zip(ar, jacobi))
+                       if a != j]
+        bits = block_bits(view, cfg, [[rng.integers(0, cfg.vocab_size, n).tolist() for n in (prompt_length, block_size)]
+                                      for _ in range(bit_samples)])
+        results.append({"dtype": dtype, "equal": not differences, "prompts": prompts, "tokens": sum(map(len, ar)),
+                        "block_size": block_size, "first_difference": differences[0] if differences else None,
+                        "block_logits_bit_identical": bits == 0.0, "block_logits_max_difference": bits,
+                        "seconds": time.perf_counter() - started})
+    return results
+
+
+def block_bits(view, cfg, samples: list[list[list[int]]]) -> float:
+    """The largest difference, over ``samples`` of (prompt, block), between the logits of a block computed in one
+    forward (as jacobi does) and one token per forward (as AR does), with the prompt in the cache; 0.0 when every
+    bit agrees."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jf_jax.model.decode_jit import decode_jit
+    from jf_jax.model.kv_cache import KVCache
+    from jf_jax.model.transformer import forward, logits
+
+    @decode_jit
+    def step(view, tokens, cache):
+        hidden, cache = forward(view, cfg, tokens, cache=cache)
+        return logits(view, cfg, hidden), cache
+
+    worst = 0.0
+    for prompt, block in samples:
+        _, cache = step(view, jnp.asarray([prompt], jnp.int32), KVCache.init(cfg, 1, 2 * (len(prompt) + len(block))))
+        cache = cache.commit(len(prompt))
+        together, _ = step(view, jnp.asarray([block], jnp.int32), cache)
+        alone = []
+        for token in block:
+            out, cache = step(view, jnp.asarray([[token]], jnp.int32), cache)
+            alone.append(np.asarray(out[0, 0]))
+            cache = cache.commit(1)
+        worst = max(worst, float(np.max(np.abs(np.asarray(together[0]) - np.stack(alone)))))
+    return worst
+
+
+def first_difference(a: list[int], b: list[int]) -> int:
+    """The first position where two different token lists differ (the shorter one's length if it is a prefix)."""
+    return next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from jf_jax.model import machine as machines
+
+    here = machines.detect()
+    r = report(here)
+    if args.check:
+        r["check"] = check(here)
+    print(json.dumps(r, indent=1) if args.json else format_report(r))
+    return 0 if all(c["equal"] and c["block_logits_bit_identical"] for c in r.get("check", [])) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

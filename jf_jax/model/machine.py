@@ -1,0 +1,225 @@
+"""What this machine gives the decode engine, and what follows from it: the path each dtype's decode takes here,
+where jacobi / mr == AR has been shown, and the dtype ``auto`` picks.
+
+``detect()`` reads the machine once into a ``Machine`` (JAX backend and devices, CPU model and feature flags,
+whether ``cpu_kernels`` run). Everything else is a pure function of a ``Machine``, so a test can hand it any
+backend and feature set, and ``python -m jf_jax.doctor`` and the decode CLI say the same thing.
+
+The rule of ``auto`` (``choose_dtype``): of the dtypes that keep the model (float32, bfloat16; int8 is a lossy
+approximation of it and never chosen), take the fastest on this machine (``fastest_first``) among those whose
+lossless decoding has been shown on this backend (``LOSSLESS``); where none has been, float32, the reference.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+
+import jax
+
+from cpu_kernels import library
+
+DTYPES = ("float32", "bfloat16", "int8")
+CPU_FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile",
+                "amx_bf16", "amx_int8")
+"""The /proc/cpuinfo flags that decide a CPU decode's speed: XLA's f32 and bf16 dots (avx2/fma/avx512f), jf-jax's
+kernels (avx512_bf16/avx512_vnni), and what XLA's own bf16 and int8 kernels may use (avx_vnni, amx)."""
+
+# Where jacobi and mr decoding have been shown to return AR's tokens bit for bit, per (backend, dtype): the
+# README's device table. int8 is shown against its own int8 AR, which is the only AR it can equal.
+CPU_TESTS = ("tests/test_real_smollm2_decoding.py and the decoding tests, on AVX512-BF16 and AVX2-only x86 CPUs "
+             "(README's device table)")
+LOSSLESS = {
+    ("cpu", "float32"): f"tested: {CPU_TESTS}",
+    ("cpu", "bfloat16"): f"tested: {CPU_TESTS}",
+    ("cpu", "int8"): f"tested against int8 AR: {CPU_TESTS}",
+    ("gpu", "float32"): "shown on an NVIDIA H100: 48 of 48 decodes equal AR (results/gpu_smollm2_jf_n16/"
+                        "speed_float32.md)",
+}
+NOT_LOSSLESS = {
+    ("gpu", "bfloat16"): "NOT shown: on an NVIDIA H100, 0-75% of prompts per set equal AR; a forward's bf16 "
+                         "numerics depend on its token count (docs/gpu-tpu.md, 'Lossless on a GPU')",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Machine:
+    """The facts ``detect`` reads; a test builds one by hand."""
+
+    backend: str
+    """``jax.default_backend()``: cpu, gpu or tpu."""
+    devices: tuple[str, ...] = ()
+    """The device kind of each JAX device."""
+    cpu_model: str | None = None
+    cpu_flags: frozenset[str] | None = None
+    """The CPU's feature flags (/proc/cpuinfo); None when unknown (not Linux)."""
+    cores: int = 1
+    kernels_machine_reason: str | None = None
+    """Why this machine cannot run ``cpu_kernels`` whatever is built (``library.machine_reason``); None: it can."""
+    kernels_library_problem: str | None = None
+    """What is wrong with the kernels' compiled library (``library.library_problem``); None: nothing."""
+
+    @property
+    def kernels_run(self) -> bool:
+        return self.kernels_machine_reason is None and self.kernels_library_problem is None
+
+    def features(self) -> dict[str, bool] | None:
+        """Each of ``CPU_FEATURES``: present or not; None when the flags are unknown."""
+        return None if self.cpu_flags is None else {f: f in self.cpu_flags for f in CPU_FEATURES}
+
+
+def cpu_model(cpuinfo: str | None = None) -> str | None:
+    """The "model name" of /proc/cpuinfo (read here when not given); None when unknown."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = pathlib.Path(library.CPUINFO).read_text()
+        except OSError:
+            return None
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name":
+            return value.strip()
+    return None
+
+
+def detect() -> Machine:
+    """This process's machine. Starts JAX's default backend; loads the kernel library only on a CPU that can run
+    it (through ``library.unavailable_reason``, which also registers the kernels, as decoding would)."""
+    backend = jax.default_backend()
+    flags = library.cpu_flags()
+    machine_reason = library.machine_reason(backend, flags)
+    problem = library.library_problem(load=False) if machine_reason else library.unavailable_reason()
+    return Machine(backend=backend, devices=tuple(d.device_kind for d in jax.devices()), cpu_model=cpu_model(),
+                   cpu_flags=flags, cores=os.cpu_count() or 1, kernels_machine_reason=machine_reason,
+                   kernels_library_problem=problem)
+
+
+@dataclasses.dataclass(frozen=True)
+class EnginePath:
+    """How a decode step of one dtype runs on a machine."""
+
+    dtype: str
+    summary: str
+    """One line for a header: the dtype and what runs its matmuls."""
+    matmuls: str
+    attention: str
+    note: str | None = None
+    """What the user should know (a slow path, a fix)."""
+
+
+def kernels_absent(machine: Machine, flag: str = "avx512_bf16") -> str:
+    """Why jf-jax's CPU kernels do not run, in a few words for a header (``kernels_run`` must be False); a missing
+    ``flag`` (the one the dtype's kernel is named after) is named first."""
+    if machine.kernels_machine_reason is None:
+        return "kernel library unavailable: python -m cpu_kernels.build"
+    if machine.cpu_flags is None:
+        return "CPU features unknown"
+    missing = sorted((f for f in library.CPU_FLAGS_NEEDED if f not in machine.cpu_flags), key=lambda f: f != flag)
+    return "no " + " or ".join(f.upper().replace("_", "-") for f in missing)
+
+
+def engine_path(machine: Machine, dtype: str) -> EnginePath:
+    """The path a decode in ``dtype`` takes on ``machine`` (``jf_jax.api.load_model``'s choice of decode view)."""
+    short = {"float32": "f32", "bfloat16": "bf16", "int8": "int8"}[dtype]
+    if machine.backend != "cpu":
+        return EnginePath(dtype, f"{short} via XLA on {machine.backend}", f"XLA dots on {machine.backend}",
+                          "plain JAX (jf_jax/model/cached_attention.py) in XLA")
+    attention = ("jf-jax decode-attention kernel" if machine.kernels_run
+                 else f"plain JAX in XLA (the kernel's twin; {kernels_absent(machine)})")
+    sharded = "XLA dots, each weight in one column shard per core"
+    if dtype == "float32":
+        return EnginePath(dtype, "f32 via XLA dots", sharded, attention)
+    if dtype == "bfloat16":
+        if machine.kernels_run:
+            return EnginePath(dtype, "bf16 via jf-jax AVX512-BF16 kernels",
+                              "jf-jax bf16 GEMM kernel on weights packed at load", attention)
+        note = (f"the faster packed bf16 kernels would run here: {machine.kernels_library_problem}"
+                if machine.kernels_machine_reason is None else None)
+        return EnginePath(dtype, f"bf16 via XLA dots ({kernels_absent(machine)})", sharded, attention, note)
+    if machine.kernels_run:
+        return EnginePath(dtype, "int8 via jf-jax AVX512-VNNI kernels", "jf-jax W8A8 kernel (exact int32 sums)",
+                          attention)
+    return EnginePath(dtype, f"int8 via XLA integer dots ({kernels_absent(machine, 'avx512_vnni')})",
+                      "the W8A8 kernel's plain-JAX twin in XLA", attention,
+                      "slow without the VNNI kernel: on an AVX2-only CPU 12-30% slower than bfloat16 "
+                      "(results/studies/decode_engine_speed/dtypes_avx2.json)")
+
+
+def lossless_evidence(backend: str, dtype: str) -> str:
+    """Where jacobi / mr == AR has been shown for ``dtype`` on ``backend`` (or that it has not)."""
+    key = (backend, dtype)
+    return LOSSLESS.get(key) or NOT_LOSSLESS.get(key) or f"not shown: no run on {backend} in {dtype} is recorded"
+
+
+def fastest_first(machine: Machine) -> tuple[tuple[str, str], ...]:
+    """The model-keeping dtypes, fastest first on ``machine``, each with the measurement that places it."""
+    if machine.backend == "cpu" and machine.kernels_run:
+        return (("bfloat16", "bf16 AR ran at 3.3x float32 AR through the packed kernels on a 2-core AVX512-BF16 CPU "
+                             "(results/studies/decode_engine_speed/bench_engine.md)"),
+                ("float32", "the reference"))
+    if machine.backend == "cpu":
+        # Without the kernels both dtypes run XLA's dots. bf16 reads half the weight bytes, and on the AVX2-only
+        # CPU it was as fast as float32 or faster in each of three runs. Not measured on an AVX512-BF16 CPU whose
+        # library is missing (a fault the header names) nor on a CPU of unknown features (not x86 Linux): the same
+        # byte argument holds there.
+        return (("bfloat16", "bf16 AR ran 5-33% faster than float32 AR through XLA's dots on a 2-core AVX2-only "
+                             "CPU (results/studies/decode_engine_speed/README.md, dtypes_avx2.json)"),
+                ("float32", "the reference"))
+    if machine.backend == "gpu":
+        return (("bfloat16", "bf16 AR ran at 1.2-1.3x float32 AR on an NVIDIA H100 (results/gpu_smollm2_jf_n16/"
+                             "speed.md, speed_float32.md)"),
+                ("float32", "the reference"))
+    return (("bfloat16", f"not measured on {machine.backend}; half the bytes of float32"), ("float32", "the reference"))
+
+
+@dataclasses.dataclass(frozen=True)
+class DtypeChoice:
+    dtype: str
+    requested: str
+    reason: str
+
+
+def choose_dtype(requested: str, machine: Machine | None = None) -> DtypeChoice:
+    """``requested`` itself, or for "auto" the fastest dtype whose lossless decoding is shown on this backend
+    (the module's rule). ``machine`` defaults to ``detect()``."""
+    if requested != "auto":
+        if requested not in DTYPES:
+            raise ValueError(f"unknown dtype {requested!r}; expected auto or one of {', '.join(DTYPES)}")
+        return DtypeChoice(requested, requested, "asked for")
+    machine = detect() if machine is None else machine
+    ranked = fastest_first(machine)
+    for rank, (dtype, speed) in enumerate(ranked):
+        if (machine.backend, dtype) in LOSSLESS:
+            if rank == 0:
+                return DtypeChoice(dtype, "auto", f"the fastest dtype here, and shown lossless on {machine.backend}: "
+                                                  f"{speed}")
+            passed = "; ".join(f"{d} is faster ({why}) but lossless decoding is {lossless_evidence(machine.backend, d)}"
+                               for d, why in ranked[:rank])
+            return DtypeChoice(dtype, "auto", f"the fastest dtype shown lossless on {machine.backend}: {passed}")
+    return DtypeChoice("float32", "auto", f"no dtype has been shown lossless on {machine.backend}: float32, the "
+                                          "reference (full float32 matmuls in every decode program)")
+
+
+def header(machine: Machine, choice: DtypeChoice) -> str:
+    """The decode CLI's engine lines: the path of the chosen dtype on this machine, and why auto chose it."""
+    path = engine_path(machine, choice.dtype)
+    features = machine.features()
+    where = (f"{machine.cpu_model or 'CPU'} [{' '.join(f for f, on in features.items() if on)}]" if features is not None
+             else f"{machine.cpu_model or 'CPU'} [features unknown]")
+    lines = [f"engine: {path.summary} on {where if machine.backend == 'cpu' else ', '.join(machine.devices)}"]
+    if choice.requested == "auto":
+        lines.append(f"dtype auto -> {choice.dtype}: {choice.reason}")
+    if path.note:
+        lines.append(f"note: {path.note}")
+    return "\n".join(lines)
+
+
+def environment(machine: Machine, choice: DtypeChoice) -> dict:
+    """The machine and the engine path of ``choice``, as plain data (the decode report's "environment")."""
+    return {"jax": jax.__version__, "backend": machine.backend, "devices": list(machine.devices),
+            "cpu_model": machine.cpu_model, "cpu_features": machine.features(),
+            "cpu_kernels": "run" if machine.kernels_run else
+            machine.kernels_machine_reason or machine.kernels_library_problem,
+            "dtype": choice.dtype, "dtype_requested": choice.requested, "dtype_reason": choice.reason,
+            "engine": engine_path(machine, choice.dtype).summary}

@@ -1,0 +1,48 @@
+"""Whether a test of jf-jax's CPU kernels runs, skips or fails on this machine.
+
+A machine that cannot run the kernels (not a CPU backend, or a CPU without AVX512-BF16 / AVX512-VNNI) skips
+them: nothing there could make them run. A machine that can run them must: a missing, stale or unloadable
+library there is an install fault (``python -m cpu_kernels.build``), and the kernel tests fail on it rather
+than turn into silent skips (which is how a broken build would otherwise pass CI).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    action: str
+    """"run", "skip" or "fail"."""
+    reason: str | None = None
+
+
+def verdict(machine_reason: str | None, library_problem: str | None) -> Verdict:
+    """From ``cpu_kernels.library.machine_reason`` (the backend and CPU features alone) and
+    ``library.library_problem`` (the compiled library), the fate of a kernel test."""
+    if machine_reason is not None:
+        return Verdict("skip", f"the CPU kernels cannot run on this machine: {machine_reason}")
+    if library_problem is not None:
+        return Verdict("fail", f"this CPU can run the CPU kernels, but {library_problem}: that is a failure, not a "
+                               "skip (scripts/install.sh builds them)")
+    return Verdict("run")
+
+
+def this_machine() -> Verdict:
+    import jax
+
+    from cpu_kernels import library
+
+    machine_reason = library.machine_reason(jax.default_backend(), library.cpu_flags())
+    return verdict(machine_reason, None if machine_reason else library.unavailable_reason())
+
+
+def apply(v: Verdict) -> None:
+    """Skips or fails the calling test as ``v`` says (returns when it runs)."""
+    import pytest
+
+    if v.action == "skip":
+        pytest.skip(v.reason)
+    if v.action == "fail":
+        pytest.fail(v.reason, pytrace=False)

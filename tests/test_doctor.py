@@ -1,0 +1,173 @@
+"""What the machine gives the decode engine (``jf_jax.model.machine``), decided from injected facts: the CPU's
+features, whether the kernels run, which path each dtype takes, the dtype ``auto`` picks; whether a kernel test
+runs, skips or fails (``tests.support.kernel_gate``); and ``python -m jf_jax.doctor`` on this machine."""
+
+import json
+
+import pytest
+
+from cpu_kernels import library
+from jf_jax.cli import decode, doctor
+from jf_jax.cli.main import main as jf_jax_main
+from jf_jax.model import machine
+from jf_jax.model.machine import Machine
+from tests.support import kernel_gate
+
+AVX2 = frozenset("fpu sse2 avx avx2 fma f16c bmi2".split())
+AVX512_BF16 = AVX2 | {"avx512f", "avx512bw", "avx512_bf16", "avx512_vnni"}
+CPUINFO = "processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu avx2 fma\n\nprocessor\t: 1\n"
+
+
+def cpu(flags, library_problem=None, **kw) -> Machine:
+    """A CPU machine with ``flags`` (None: unknown), its kernel verdict derived as ``machine.detect`` derives it."""
+    return Machine(backend="cpu", devices=("cpu",), cpu_model="test CPU", cpu_flags=flags, cores=2,
+                   kernels_machine_reason=library.machine_reason("cpu", flags), kernels_library_problem=library_problem,
+                   **kw)
+
+
+def test_cpuinfo_is_read_for_flags_and_model():
+    assert library.cpu_flags(CPUINFO) == frozenset({"fpu", "avx2", "fma"})
+    assert library.cpu_flags("processor: 0\n") is None
+    assert machine.cpu_model(CPUINFO) == "AMD EPYC 7B13" and machine.cpu_model("") is None
+
+
+def test_only_the_backend_and_the_cpu_features_limit_the_machine():
+    assert library.machine_reason("cpu", AVX512_BF16) is None
+    assert library.machine_reason("cpu", AVX2) == "this CPU lacks avx512_bf16, avx512_vnni"
+    assert "avx512_vnni" in library.machine_reason("cpu", AVX512_BF16 - {"avx512_vnni"})
+    assert "cannot read /proc/cpuinfo" in library.machine_reason("cpu", None)
+    assert library.machine_reason("gpu", AVX512_BF16) == "JAX runs on gpu; the kernels are for CPUs"
+
+
+@pytest.mark.parametrize("flags, problem, action", [
+    (AVX2, None, "skip"),
+    (AVX2, "libjf_cpu_kernels.so is not built", "skip"),  # nothing to build for on this CPU
+    (None, None, "skip"),
+    (AVX512_BF16, None, "run"),
+    (AVX512_BF16, "libjf_cpu_kernels.so is not built", "fail"),  # a capable CPU: a missing library is a fault
+    (AVX512_BF16, "libjf_cpu_kernels.so does not load", "fail"),
+])
+def test_kernel_tests_skip_only_where_the_cpu_cannot_run_them(flags, problem, action):
+    v = kernel_gate.verdict(library.machine_reason("cpu", flags), problem)
+    assert v.action == action
+    if action == "fail":
+        assert problem in v.reason and "not a skip" in v.reason
+    assert kernel_gate.verdict(library.machine_reason("gpu", flags), problem).action == "skip"
+
+
+def test_this_machine_is_gated_by_its_own_features():
+    here = machine.detect()
+    assert (kernel_gate.this_machine().action == "skip") == (library.machine_reason(here.backend, here.cpu_flags)
+                                                             is not None)
+
+
+@pytest.mark.parametrize("m, dtype, path", [
+    (cpu(AVX512_BF16), "bfloat16", "bf16 via jf-jax AVX512-BF16 kernels"),
+    (cpu(AVX512_BF16, "libjf_cpu_kernels.so is not built (python -m cpu_kernels.build)"), "bfloat16",
+     "bf16 via XLA dots (kernel library unavailable: python -m cpu_kernels.build)"),
+    (cpu(AVX2), "bfloat16", "bf16 via XLA dots (no AVX512-BF16 or AVX512-VNNI)"),
+    (cpu(AVX2 | {"avx512_bf16"}), "bfloat16", "bf16 via XLA dots (no AVX512-VNNI)"),
+    (cpu(None), "bfloat16", "bf16 via XLA dots (CPU features unknown)"),
+    (Machine(backend="gpu", devices=("NVIDIA H100 80GB HBM3",), kernels_machine_reason="gpu"), "float32",
+     "f32 via XLA on gpu"),
+    (Machine(backend="tpu", devices=("TPU v5 lite",), kernels_machine_reason="tpu"), "float32",
+     "f32 via XLA on tpu"),
+], ids=["avx512-bf16", "avx512-bf16-unbuilt", "avx2", "bf16-no-vnni", "unknown-cpu", "gpu", "tpu"])
+def test_auto_picks_the_fastest_dtype_shown_lossless_here(m, dtype, path):
+    choice = machine.choose_dtype("auto", m)
+    assert (choice.dtype, choice.requested) == (dtype, "auto")
+    assert machine.engine_path(m, choice.dtype).summary == path
+    assert (m.backend, dtype) in machine.LOSSLESS or "no dtype has been shown lossless" in choice.reason
+
+
+def test_gpu_bf16_is_passed_over_while_it_is_not_shown_lossless():
+    choice = machine.choose_dtype("auto", Machine(backend="gpu", kernels_machine_reason="gpu"))
+    assert choice.dtype == "float32" and "bfloat16 is faster" in choice.reason and "is NOT shown" in choice.reason
+
+
+def test_int8_without_vnni_is_flagged_slow_and_never_chosen():
+    assert "slow" in machine.engine_path(cpu(AVX2), "int8").note
+    assert machine.engine_path(cpu(AVX512_BF16), "int8").summary == "int8 via jf-jax AVX512-VNNI kernels"
+    assert all(machine.choose_dtype("auto", m).dtype != "int8" for m in (cpu(AVX2), cpu(AVX512_BF16)))
+
+
+def test_an_explicit_dtype_is_kept_and_a_wrong_one_refused():
+    assert machine.choose_dtype("int8", cpu(AVX2)).dtype == "int8"
+    with pytest.raises(ValueError, match="unknown dtype 'float16'"):
+        machine.choose_dtype("float16", cpu(AVX2))
+
+
+def test_the_header_names_dtype_path_and_features():
+    m = cpu(AVX2)
+    text = machine.header(m, machine.choose_dtype("auto", m))
+    assert text.startswith("engine: bf16 via XLA dots (no AVX512-BF16 or AVX512-VNNI) on test CPU [avx2 fma f16c]")
+    assert "dtype auto -> bfloat16: " in text
+    env = machine.environment(m, machine.choose_dtype("auto", m))
+    assert env["dtype"] == "bfloat16" and env["dtype_requested"] == "auto" and env["cpu_features"]["avx2"]
+
+
+def test_doctor_reports_this_machine(capsys):
+    assert jf_jax_main(["doctor", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    here = machine.detect()
+    assert r["backend"] == here.backend and set(r["decode_paths"]) == set(machine.DTYPES)
+    assert r["auto"]["dtype"] == machine.choose_dtype("auto", here).dtype and "check" not in r
+    assert doctor.main([]) == 0
+    text = capsys.readouterr().out
+    assert "--dtype auto  " in text and "cpu kernels   " in text and "lossless" in text
+
+
+def test_doctor_text_for_a_machine_that_can_run_the_kernels_but_lacks_them():
+    r = doctor.report(cpu(AVX512_BF16, "libjf_cpu_kernels.so is not built (python -m cpu_kernels.build)"))
+    text = doctor.format_report(r)
+    assert "cpu kernels   this CPU can run them, but: libjf_cpu_kernels.so is not built" in text
+    assert "note: the faster packed bf16 kernels would run here" in text
+
+
+def test_first_difference():
+    assert doctor.first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert doctor.first_difference([1, 2], [1, 2, 3]) == 2
+
+
+def test_decode_accepts_auto_and_reports_the_resolved_dtype(monkeypatch, tmp_path, capsys):
+    from jf_jax import api
+
+    loaded = []
+
+    def generate(model, prompts, *, method, **options):
+        return [api.Completion(method=method, prompt=p, token_ids=[1], text="x", forwards=1, seconds=1.0,
+                               prefill_seconds=0.5, stats=dict(tokens=1, forwards=1, seconds=1.0, prefill_seconds=0.5),
+                               settings={}) for p in prompts]
+
+    monkeypatch.setattr(machine, "detect", lambda: cpu(AVX2))
+    monkeypatch.setattr(api, "load_model", lambda spec, dtype: loaded.append(dtype) or type("M", (), {"name": spec}))
+    monkeypatch.setattr(api, "generate", generate)
+    out = tmp_path / "r.json"
+    assert decode.build_parser().parse_args([]).dtype == "auto"
+    assert decode.main(["--model", "fake", "--prompt", "abc", "--methods", "ar", "--dtype", "auto",
+                        "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert loaded == ["bfloat16"] and report["settings"]["dtype"] == "bfloat16"
+    assert report["environment"]["engine"] == "bf16 via XLA dots (no AVX512-BF16 or AVX512-VNNI)"
+    assert report["environment"]["dtype_requested"] == "auto"
+    assert "engine: bf16 via XLA dots" in capsys.readouterr().err
+
+
+def test_check_decodes_a_random_model_here(monkeypatch):
+    """The check itself on a tiny shape (the real one, SmolLM2's layer shapes, takes half a minute to compile)."""
+    monkeypatch.setattr(doctor, "CHECK_SHAPE", dict(doctor.CHECK_SHAPE, vocab_size=64, hidden_size=64,
+                                                    intermediate_size=96, num_heads=4, num_kv_heads=2, head_dim=16))
+    (result,) = doctor.check(machine.detect(), ("float32",), prompts=1, max_new_tokens=8, block_size=4,
+                             bit_samples=1)
+    assert result["equal"] and result["block_logits_bit_identical"] and result["tokens"] == 8
+    assert "jacobi == AR (8 tokens, n = 4)" in doctor.format_report({**doctor.report(cpu(AVX2)), "check": [result]})
+
+
+def test_check_fails_the_command_when_tokens_or_bits_differ(monkeypatch, capsys):
+    good = dict(dtype="float32", equal=True, block_logits_bit_identical=True, block_logits_max_difference=0.0,
+                first_difference=None, tokens=8, block_size=4, seconds=1.0)
+    for verdict, code in ((good, 0), (dict(good, equal=False, first_difference={"prompt": 0, "position": 3}), 1),
+                          (dict(good, block_logits_bit_identical=False, block_logits_max_difference=0.01), 1)):
+        monkeypatch.setattr(doctor, "check", lambda machine, v=verdict: [v])
+        assert doctor.main(["--check"]) == code
+    assert "differ from one-token steps by up to 0.01" in capsys.readouterr().out
