@@ -118,13 +118,31 @@ def test_collect_writes_resumable_trajectories(tmp_path):
     assert all(np.array_equal(a.states, b.states) for ra, rb in zip(responses, again) for a, b in zip(ra, rb))
 
 
+def test_batched_collection_writes_the_sequential_collections_records(tmp_path):
+    from jf_jax.cli.collect import run_collect
+
+    model = FakeModel()
+    runs = {b: str(tmp_path / f"b{b}") for b in (1, 3)}
+    for b, out in runs.items():
+        m = run_collect(model, ROWS[:3], out, block_size=4, max_new_tokens=8, prompts_per_shard=2, progress=False,
+                        batch_size=b)
+        assert sum(s["num_mismatched"] for s in m["shards"]) == 0
+    one, batched = (load_responses(runs[b]) for b in (1, 3))
+    assert [len(r) for r in one] == [len(r) for r in batched] and one
+    for ra, rb in zip(one, batched):
+        for a, b in zip(ra, rb):
+            assert (a.example_id, a.block_index) == (b.example_id, b.block_index)
+            np.testing.assert_array_equal(a.prompt_ids, b.prompt_ids)
+            np.testing.assert_array_equal(a.states, b.states)
+
+
 def test_collect_repetition_filter(tmp_path, monkeypatch):
     import jf_jax.cli.collect as collect_mod
 
-    def fake_record_fn_factory(*a, **k):
-        return lambda prompt: [np.tile(np.array([[5, 5, 5, 5]], np.int32), (2, 1))] * 3  # "5 5 5 ..." degenerate
+    def fake_record_shard_factory(*a, **k):  # "5 5 5 ..." degenerate
+        return lambda example_ids, prompts: [[np.tile(np.array([[5, 5, 5, 5]], np.int32), (2, 1))] * 3 for _ in prompts]
 
-    monkeypatch.setattr(collect_mod, "make_record_fn", fake_record_fn_factory)
+    monkeypatch.setattr(collect_mod, "make_record_shard", fake_record_shard_factory)
     m = collect_mod.run_collect(FakeModel(), ROWS[:2], str(tmp_path / "t"), block_size=4, max_new_tokens=12,
                                 repetition_filter=True, progress=False)
     assert sum(s["num_filtered"] for s in m["shards"]) == 2
@@ -133,22 +151,36 @@ def test_collect_repetition_filter(tmp_path, monkeypatch):
 
 def test_evaluate_model_and_markdown(tmp_path):
     from jf_jax.cli.evaluate import evaluate_model, markdown
+    from jf_jax.decoding.answer_quality import repeat_fraction
 
     model = FakeModel()
-    res = evaluate_model("tiny", {"held": ROWS[:2]}, ROWS[:2], methods=["ar", "mr"], block_sizes=(4,),
-                         max_new_tokens=8, math_max_new_tokens=8, model=model)  # jacobi takes mr's code path
+    res = evaluate_model("tiny", {"held": ROWS[:2], "seen": ROWS[2:3]}, ROWS[:2], methods=["ar", "mr"],
+                         block_sizes=(4,), max_new_tokens=8, math_max_new_tokens=8, model=model,
+                         train_sets=("seen",))  # jacobi takes mr's code path
     speed = res["speed"]["held"]
-    assert set(speed) == {"ar", "mr n=4"}
+    assert set(speed) == {"ar", "mr n=4"} and res["train_sets"] == ["seen"]
     assert speed["ar"]["tpf"] == pytest.approx(1.0)
     for m in ("mr n=4",):
         assert speed[m]["tpf"] >= 1.0 and speed[m]["match_ar"] == 1.0  # greedy Jacobi/MR are lossless
         assert speed[m]["tokens"] == speed["ar"]["tokens"]
+    # per prompt: the decoder's statistics and each answer's repeat fraction and loop flag, under the schema's names
+    for cell in speed.values():
+        assert len(cell["per_prompt"]) == cell["prompts"] == 2 and len(cell["token_ids"]) == 2
+        for record, ids in zip(cell["per_prompt"], cell["token_ids"]):
+            assert record["tpf"] == pytest.approx(record["tokens"] / record["forwards"])
+            assert record["repeat_fraction"] == repeat_fraction(ids) and isinstance(record["loops"], bool)
+        assert cell["mean_tpf"] == pytest.approx(sum(p["tpf"] for p in cell["per_prompt"]) / 2)
+        assert cell["mean_tpf_ci95"][0] <= cell["mean_tpf"] <= cell["mean_tpf_ci95"][1]
+        assert cell["loop_rate"] == sum(p["loops"] for p in cell["per_prompt"]) / 2
+        assert cell["without_loops"] is None or cell["without_loops"]["prompts"] == 2 - sum(
+            p["loops"] for p in cell["per_prompt"])
     assert res["math"]["problems"] == 2 and 0.0 <= res["math"]["accuracy"] <= 1.0
     # the math answers are decoded as one batch; they equal the one-at-a-time greedy AR answers
     assert [i["text"] for i in res["math"]["items"]] == [model.tokenizer.decode(t) for t in speed["ar"]["token_ids"]]
     md = markdown([res], dict(block_size=4, max_new_tokens=8))
-    assert speed["ar"]["speedup"] == 1.0 and speed["mr n=4"]["speedup"] > 0
-    assert "| tiny | held | mr n=4 |" in md and "GSM held-out" in md
+    assert speed["ar"]["speedup_vs_ar"] == 1.0 and speed["mr n=4"]["speedup_vs_ar"] > 0
+    assert "| tiny | held | mr n=4 |" in md and "| tiny | seen (train) | mr n=4 |" in md and "GSM held-out" in md
+    assert "| loop rate |" in md and "| TPF (mean/prompt) without loops |" in md and "(train) hold prompts" in md
 
 
 def test_evaluate_cli_refuses_an_unwritable_out_before_loading_a_model(tmp_path, monkeypatch, capsys):
@@ -166,6 +198,20 @@ def test_evaluate_cli_refuses_an_unwritable_out_before_loading_a_model(tmp_path,
     assert main(args + [str(tmp_path / "eval")]) == 2
     assert f"{tmp_path / 'eval.json'} is a directory" in capsys.readouterr().err
     assert out_error(str(tmp_path / "reports" / "eval")) is None and os.listdir(tmp_path / "reports") == []
+
+
+def test_evaluate_cli_refuses_two_prompt_sets_of_one_name(tmp_path, monkeypatch, capsys):
+    import jf_jax.api
+    from jf_jax.cli.evaluate import main
+
+    monkeypatch.setattr(jf_jax.api, "load_model", _no_model)
+    for folder in ("held", "train"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "code.jsonl").write_text(json.dumps(ROWS[0]) + "\n")
+    args = ["--model", "smollm2-135m", "--prompts", str(tmp_path / "held" / "code.jsonl"), "--train-prompts",
+            str(tmp_path / "train" / "code.jsonl"), "--out", str(tmp_path / "eval")]
+    assert main(args) == 2  # a set is named by its file's stem: the train set would overwrite the held-out one
+    assert "two prompt files share a name (code, code)" in capsys.readouterr().err
 
 
 def test_humaneval_answer_nll_scores_the_solution_tokens_and_ignores_padding():
@@ -332,13 +378,14 @@ def test_ablation_refuses_a_bad_variant_in_one_line(bad, tmp_path):
     assert proc.returncode == 2 and "NAME" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
-_ABLATION_TABLE = """# {title}  (the layout experiments/ablate.py writes)
-
-| variant | overrides | TPF | vs base | loss/ar | loss/consistency | train s | same as base | HumanEval NLL |
-|---|---|---|---|---|---|---|---|---|
-| base |  | {base_tpf} | {base_tpf} | | | | 1.00 | 0.750 |
-| kl | loss.ar_teacher=reference | 1.250 | 1.250 | 0.500 | 0.250 | 3 | 0.50 | 0.875 |
-"""
+_ABLATION_TABLE = (
+    "# {title}  (the layout experiments/ablate.py writes)\n\n"
+    "| variant | overrides | TPF | vs base | TPF (mean/prompt) | mean TPF 95% interval | loop rate "
+    "| TPF (mean/prompt) without loops | loss/ar | loss/consistency | train s | same as base | HumanEval NLL |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+    "| base | - | {base_tpf} | {base_tpf} | 1.000 | [0.900, 1.100] | 0.00 | 1.000 | - | - | - | 1.00 | 0.750 |\n"
+    "| kl | loss.ar_teacher=reference | 1.250 | 1.250 | 1.300 | [1.100, 1.500] | 0.33 | 1.200 | 0.500 | 0.250 "
+    "| 3 | 0.50 | 0.875 |\n")
 
 
 def test_lever_tradeoff_plot_reads_ablation_tables(tmp_path):
@@ -365,3 +412,13 @@ def test_code_quality_checks():
     assert check_answer("```python\ndef wrap(text:\n```", "wrap") == dict(closed_block=True, parses=False,
                                                                          defines=False)
     assert check_answer("```python\ndef wrap(text):\n    return", "wrap")["closed_block"] is False  # cut off
+
+
+def test_collect_refuses_a_prompt_too_long_for_the_context_before_decoding(tmp_path):
+    from jf_jax.cli.collect import PromptTooLongError, run_collect
+
+    model = FakeModel()
+    rows = ROWS[:2] + [dict(id="long", domain="code", prompt="x" * model.cfg.max_position_embeddings)]
+    with pytest.raises(PromptTooLongError, match="'long'"):
+        run_collect(model, rows, str(tmp_path / "t"), block_size=4, max_new_tokens=8, progress=False)
+    assert not (tmp_path / "t").exists()  # refused before the collection directory was started

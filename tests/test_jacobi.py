@@ -81,7 +81,7 @@ def test_predictable_model_accepts_many_tokens_per_forward():
     assert result.token_ids[0] == ar_tokens(params, [1, 2, 3, 4], MAX_NEW) == [9] * MAX_NEW
     stats = result.stats["per_prompt"][0]
     assert stats["max_accepted_per_iteration"] == 8
-    assert stats["tokens_per_forward"] >= 4.0
+    assert stats["tpf"] >= 4.0
     # A 3-cycle: random context draws match by chance, and matches persist under the Jacobi update.
     params = successor_params(cycle_map([20, 21, 22]))
     result = _jacobi(params, [20, 21, 22, 5], MAX_NEW, block_size=8)

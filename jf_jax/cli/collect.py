@@ -20,7 +20,9 @@ import json
 import sys
 import time
 
+from jf_jax.cli.distributed import add_distributed_args, init_distributed
 from jf_jax.cli.output_paths import directory_problem
+from jf_jax.decoding.common import MAX_BATCH_SIZE
 from jf_jax.data.build import read_jsonl
 
 
@@ -33,33 +35,74 @@ def select_prompts(rows: list[dict], domains: str | None, limit: int | None, off
     return rows[:limit] if limit is not None else rows
 
 
-def make_record_fn(params, cfg, *, block_size: int, max_new_tokens: int, eos_ids, seed: int):
-    from jf_jax.decoding.recording import record_trajectories
+def process_share(out: str, rows: list[dict]) -> tuple[str, list[dict]]:
+    """This process's share of a multi-process collection (``--distributed``): every ``process_count``-th prompt
+    from its index on, into ``OUT/process-I-of-N`` (training on ``OUT`` reads every process's directory,
+    ``training.trajectories.trajectory_dirs``); with one process, ``OUT`` and every prompt."""
+    import jax
 
-    def record_fn(prompt_ids):
-        return record_trajectories(params, cfg, prompt_ids, block_size=block_size, max_new_tokens=max_new_tokens,
-                                   eos_ids=eos_ids, seed=seed)
+    from jf_jax.training.trajectories import process_dir
 
-    return record_fn
+    count, index = jax.process_count(), jax.process_index()
+    if count == 1:
+        return out, rows
+    return process_dir(out, index, count), rows[index::count]
+
+
+class PromptTooLongError(ValueError):
+    """A prompt plus the response collected for it does not fit the model's context."""
+
+
+def check_lengths(rows: list[dict], prompts, *, max_new_tokens: int, context: int) -> None:
+    """Refuses, before any decoding, a prompt whose tokens plus ``max_new_tokens`` (whole blocks) exceed the
+    model's context: naming it, rather than failing when its shard comes up, hours in."""
+    too_long = [(r.get("id", i), len(p)) for i, (r, p) in enumerate(zip(rows, prompts))
+                if len(p) + max_new_tokens > context]
+    if too_long:
+        first_id, first_len = too_long[0]
+        raise PromptTooLongError(
+            f"{len(too_long)} prompt(s) do not fit the model's context of {context} tokens with {max_new_tokens} "
+            f"new tokens (whole blocks), e.g. {first_id!r} ({first_len} tokens); lower --max-new-tokens or leave "
+            f"them out (--domains / --offset / --limit); nothing is truncated silently")
+
+
+def make_record_shard(params, cfg, *, block_size: int, max_new_tokens: int, eos_ids, seed: int, batch_size: int = 1):
+    """``record_shard(example_ids, prompts)`` for ``training.trajectories.collect``: prompt ``example_id`` draws its
+    drafts from ``prompt_key(seed, example_id)``, so a response's trajectories do not depend on the shard or the
+    batch. ``batch_size`` 1 records one prompt at a time through the Python driver (``record_trajectories``);
+    larger sizes use the batched recorder (``record_batch``: the same trajectories, as rows of batched programs)."""
+    from jf_jax.decoding.recording import record_batch, record_trajectories
+
+    options = dict(block_size=block_size, max_new_tokens=max_new_tokens, eos_ids=eos_ids, seed=seed)
+
+    def record_shard(example_ids, prompts):
+        if batch_size == 1:
+            return [record_trajectories(params, cfg, p, prompt_index=i, **options)
+                    for i, p in zip(example_ids, prompts)]
+        return record_batch(params, cfg, prompts, prompt_indices=example_ids, batch_size=batch_size, **options)
+
+    return record_shard
 
 
 def run_collect(model, rows: list[dict], out: str, *, block_size: int, max_new_tokens: int, seed: int = 0,
                 repetition_filter: bool = False, prompts_per_shard: int = 16, chat: bool = True,
-                metadata: dict | None = None, progress: bool = True) -> dict:
+                metadata: dict | None = None, progress: bool = True, batch_size: int = 1) -> dict:
     """Collects trajectories of ``model`` (a ``jf_jax.weights.LoadedModel``) on ``rows`` into ``out``."""
     from jf_jax.api import encode_prompts
     from jf_jax.training.trajectories import collect, repetition_filter as make_filter
 
     prompts = encode_prompts(model, [r["prompt"] for r in rows], chat=chat)
+    check_lengths(rows, prompts, max_new_tokens=-(-max_new_tokens // block_size) * block_size,
+                  context=model.cfg.max_position_embeddings)
     eos = tuple(model.tokenizer.eos_ids)
     keep = make_filter(eos_id=eos[0] if eos else None) if repetition_filter else None
     meta = dict(model=model.name, model_source=model.source, block_size=block_size, max_new_tokens=max_new_tokens,
                 seed=seed, chat=chat, repetition_filter=repetition_filter, eos_ids=list(eos),
                 prompt_ids=[r.get("id") for r in rows], **(metadata or {}))
-    record_fn = make_record_fn(model.params, model.cfg, block_size=block_size, max_new_tokens=max_new_tokens,
-                               eos_ids=eos, seed=seed)
-    return collect(prompts, record_fn, out, block_size=block_size, prompts_per_shard=prompts_per_shard,
-                   keep_fn=keep, metadata=meta, progress=progress)
+    record_shard = make_record_shard(model.params, model.cfg, block_size=block_size, max_new_tokens=max_new_tokens,
+                                     eos_ids=eos, seed=seed, batch_size=batch_size)
+    return collect(prompts, None, out, block_size=block_size, prompts_per_shard=prompts_per_shard, keep_fn=keep,
+                   metadata=meta, progress=progress, record_shard=record_shard)
 
 
 def main(argv=None) -> int:
@@ -84,11 +127,18 @@ def main(argv=None) -> int:
                    help="decode dtype of the recording model: bfloat16 records the bf16 model's own trajectories "
                         "(its greedy fixed points) ~2.3x faster on an AVX512-BF16 CPU (results/studies/"
                         "decode_engine_speed/bench_engine.md); float32, the reference, by default")
-    p.add_argument("--tfds", action="store_true",
-                   help="also write the finished collection as a tensorflow-datasets array_record dataset in OUT/tfds "
-                        "(jf_jax.training.tfds_data: random access, no TensorFlow)")
+    p.add_argument("--batch-size", type=int, default=1,
+                   help="1 records one prompt at a time through the Python driver; B > 1 decodes the greedy responses "
+                        "by batched AR, then iterates every block of every response as rows of batched Jacobi "
+                        "programs of B rows (the same trajectories, tested equal)")
     p.add_argument("--no-progress", action="store_true")
+    add_distributed_args(p)
     args = p.parse_args(argv)
+    for name in ("block_size", "max_new_tokens", "prompts_per_shard", "batch_size"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.batch_size > MAX_BATCH_SIZE:
+        p.error(f"--batch-size must be at most {MAX_BATCH_SIZE}, got {args.batch_size}")
     problem = directory_problem(args.out)
     if problem:
         print(f"error: cannot write --out {args.out}: {problem}", file=sys.stderr)
@@ -102,29 +152,28 @@ def main(argv=None) -> int:
     if not rows:
         print(f"error: no prompts selected from {args.prompts}", file=sys.stderr)
         return 2
+    init_distributed(args)
+    out, rows = process_share(args.out, rows)
     with open(args.prompts, "rb") as f:
         file_sha = hashlib.sha256(f.read()).hexdigest()
     start = time.perf_counter()
     try:
         model = load_model(args.model, dtype=args.dtype)
-        manifest = run_collect(model, rows, args.out, block_size=args.block_size,
+        manifest = run_collect(model, rows, out, block_size=args.block_size,
                                max_new_tokens=args.max_new_tokens, seed=args.seed,
                                repetition_filter=args.repetition_filter, prompts_per_shard=args.prompts_per_shard,
-                               chat=not args.no_chat,
+                               chat=not args.no_chat, batch_size=args.batch_size,
                                metadata=dict(prompts_file=args.prompts, prompts_file_sha256=file_sha,
-                                             model_spec=args.model, dtype=args.dtype),
+                                             model_spec=args.model, dtype=args.dtype,
+                                             batch_size=args.batch_size),
                                progress=not args.no_progress)
-    except (WeightsError, TrajectoryFormatError, FileNotFoundError) as e:  # a bad --model or --out: no traceback
+    except (WeightsError, TrajectoryFormatError, FileNotFoundError, PromptTooLongError) as e:  # no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
     shards = manifest["shards"]
-    tfds_dir = None
-    if args.tfds:
-        from jf_jax.training.tfds_data import build_trajectories
-
-        tfds_dir = build_trajectories(args.out)
-    print(json.dumps(dict(out=args.out, prompts=len(rows), records=sum(s["num_records"] for s in shards),
-                          filtered=sum(s["num_filtered"] for s in shards), tfds=tfds_dir,
+    print(json.dumps(dict(out=out, prompts=len(rows), records=sum(s["num_records"] for s in shards),
+                          filtered=sum(s["num_filtered"] for s in shards),
+                          mismatched=sum(s.get("num_mismatched", 0) for s in shards),
                           seconds=round(time.perf_counter() - start, 1))))
     return 0
 

@@ -19,6 +19,7 @@ import argparse
 import sys
 import time
 
+from jf_jax.cli.distributed import add_distributed_args, init_distributed
 from jf_jax.cli.output_paths import directory_problem
 from jf_jax.training.config import load_config
 from jf_jax.training.loop import DroppedSequencesError, NonFiniteLossError, run_training
@@ -63,21 +64,9 @@ def main(argv=None) -> int:
                         help="no progress bar; a log line at the first step (compilation) and every --log-every-s")
     parser.add_argument("--log-every-s", type=float, default=60.0,
                         help="with --no-progress: seconds between log lines (steps, steps/s, loss)")
-    parser.add_argument("--distributed", action="store_true",
-                        help="join a multi-process run (jax.distributed.initialize; see above)")
-    parser.add_argument("--coordinator", help="HOST:PORT of process 0 (implies --distributed)")
-    parser.add_argument("--num-processes", type=int)
-    parser.add_argument("--process-id", type=int)
-    parser.add_argument("--cpu-collectives", choices=("gloo", "mpi"),
-                        help="CPU-only multi-process runs: the collectives implementation (e.g. gloo)")
+    add_distributed_args(parser)
     args = parser.parse_intermixed_args(argv)
-    if args.distributed or args.coordinator:
-        import jax
-
-        if args.cpu_collectives:
-            jax.config.update("jax_cpu_collectives_implementation", args.cpu_collectives)
-        jax.distributed.initialize(coordinator_address=args.coordinator, num_processes=args.num_processes,
-                                   process_id=args.process_id)
+    init_distributed(args)
     tcfg = load_config(args.config, args.overrides)
     problem = directory_problem(args.run_dir)  # before any work: not a traceback after the data and the model
     if problem:

@@ -20,7 +20,7 @@ from jf_jax.decoding.runner import BlockDecoder, OnTokens, decode_prompts, keep_
 from jf_jax.decoding.sampling import GREEDY, Sampling, choose
 from jf_jax.model.config import ModelConfig
 from jf_jax.model.decode_jit import decode_jit
-from jf_jax.model.decode_view import decode_view
+from jf_jax.model.decode_view import DecodeView
 from jf_jax.model.kv_cache import KVCache
 from jf_jax.model.params import Params
 from jf_jax.model.token_meta import causal_meta
@@ -102,19 +102,20 @@ class ARDecoder(BlockDecoder):
         return {}  # no blocks, drafts or acceptance: tokens, forwards and the stop reason say everything
 
 
-def generate_ar(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
+def generate_ar(params: Params | DecodeView, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                 eos_ids: Sequence[int], batch_size: int = 1, driver: str = "compiled", warmup: bool = True,
                 sampling: Sampling = GREEDY, seed: int = 0, first_index: int = 0,
-                on_tokens: OnTokens | None = None) -> GenerationResult:
+                on_tokens: OnTokens | None = None, mesh=None) -> GenerationResult:
     """AR decoding of token-id prompts, ``batch_size`` at a time (``runner.decode_prompts``: a short last batch is
     padded with finished rows). Greedy by default; with a ``sampling`` temperature > 0, prompt i samples with
     ``sampling_key(seed, first_index + i)`` whatever its batch (``first_index``: where this call's prompts start in
     a request decoded in several calls). With ``warmup`` the programs are compiled first, so ``seconds`` excludes
-    compilation; ``driver="python"`` streams accepted tokens to ``on_tokens(prompt_index, ids)``."""
+    compilation; ``driver="python"`` streams accepted tokens to ``on_tokens(prompt_index, ids)``; ``mesh`` splits
+    each batch's rows over devices (``runner.decode_prompts``)."""
     prep = prepare_prompts(cfg, prompts, max_new_tokens, lookahead=1)
     decoder = ARDecoder(cfg, 1, sampling=sampling)
-    result = decode_prompts(decoder, decode_view(params), prep, eos_array(eos_ids), seed=seed, batch_size=batch_size,
-                            driver=driver, warmup=warmup, on_tokens=on_tokens, first_index=first_index)
+    result = decode_prompts(decoder, params, prep, eos_array(eos_ids), seed=seed, batch_size=batch_size,
+                            driver=driver, warmup=warmup, on_tokens=on_tokens, first_index=first_index, mesh=mesh)
     result.stats.pop("block_size")
     result.stats["method"] = "ar"
     return result

@@ -33,6 +33,14 @@ def draw_context(key, prompt, prompt_len, out, count, num: int):
     return context_ids(prompt, prompt_len, out, jax.random.randint(key, (num,), 0, prompt_len + count))
 
 
+def block_key(key, block_start):
+    """The key a block's random draft is drawn with: the prompt's draft key folded with the block's first output
+    position. It depends on nothing else (not on earlier blocks, iterations or the batch), so any block's draft can
+    be redrawn on its own: the batched trajectory recorder iterates every block of a response independently and
+    gets the very drafts the one-prompt decoder drew."""
+    return jax.random.fold_in(key, block_start)
+
+
 def leading_matches(draft, pred, valid_len):
     """ok[j] = draft[j] == pred[j-1] for 1 <= j < valid_len (ok[0] = True); returns ok [W] and the length of the
     leading run of ok among j >= 1 (so ``1 + run`` tokens of the draft are verified)."""
@@ -94,7 +102,7 @@ def prefill_draft(params: Params, cfg: ModelConfig, prompts, prompt_lens, guesse
 class BlockStart(NamedTuple):
     """What both block decoders begin with, after the prefill-drafting forward (every field per row, [B, ...])."""
 
-    key: jax.Array  # [B, 2] the draft RNG keys after drawing the first guesses
+    key: jax.Array  # [B, 2] the prompts' draft keys (block drafts are drawn with ``block_key``)
     sample_key: jax.Array  # [B, 2] the sampling keys (``decoding.sampling``; unused when greedy)
     guesses: jax.Array  # [B, n] the random draft the first block started from
     first: jax.Array  # [B, n] the first block's first draft (first[:, 0] is the first response token)
@@ -107,11 +115,12 @@ class BlockStart(NamedTuple):
 
 def start_blocks(params: Params, cfg: ModelConfig, n: int, sampling: Sampling, prompts, prompt_lens, keys,
                  sample_keys, eos_ids, out_capacity: int, capacity: int) -> BlockStart:
-    """Draws n guesses per row from its prompt, runs ``prefill_draft`` and emits an EOS first token."""
+    """Draws n guesses per row from its prompt (with ``block_key(key, 0)``), runs ``prefill_draft`` and emits an EOS
+    first token."""
     B = prompts.shape[0]
-    keys, subs = jnp.moveaxis(jax.vmap(jax.random.split)(keys), 1, 0)
     out = jnp.full((B, out_capacity), -1, jnp.int32)
-    guesses = jax.vmap(lambda k, p, pl, o: draw_context(k, p, pl, o, 0, n))(subs, prompts, prompt_lens, out)
+    guesses = jax.vmap(lambda k, p, pl, o: draw_context(block_key(k, 0), p, pl, o, 0, n))(keys, prompts, prompt_lens,
+                                                                                         out)
     cache, first = prefill_draft(params, cfg, prompts, prompt_lens, guesses, capacity, sampling, sample_keys)
     first_eos = is_eos(first[:, 0], eos_ids)
     out = jnp.where(first_eos[:, None], jax.vmap(lambda o, f: emit(o, 0, f, 1))(out, first), out)

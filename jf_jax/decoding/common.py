@@ -87,11 +87,13 @@ def prompt_key(seed: int, index: int):
     return jax.random.fold_in(jax.random.PRNGKey(check_int("seed", seed, 0, MAX_SEED)), index)
 
 
-def batch_slices(num: int, batch_size: int | None) -> tuple[int, list[tuple[int, np.ndarray]]]:
+def batch_slices(num: int, batch_size: int | None, multiple: int = 1) -> tuple[int, list[tuple[int, np.ndarray]]]:
     """How ``num`` prompts are decoded ``batch_size`` at a time (None: all together): the batch size B (checked,
-    capped at ``num``) and per batch (index of its first prompt, its B prompt indices); a short last batch is
-    padded by repeating its last prompt, so every batch has the one compiled shape."""
+    capped at ``num``, then rounded up to a ``multiple``: the devices the rows are split over) and per batch (index
+    of its first prompt, its B prompt indices); a short last batch is padded by repeating its last prompt, so every
+    batch has the one compiled shape."""
     B = num if batch_size is None else min(check_int("batch_size", batch_size, 1, MAX_BATCH_SIZE), num)
+    B = -(-B // multiple) * multiple
     return B, [(first, np.minimum(np.arange(first, first + B), num - 1)) for first in range(0, num, B)]
 
 

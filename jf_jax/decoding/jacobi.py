@@ -9,8 +9,8 @@ token i. The longest prefix of the draft that agrees with those predictions is *
 known-correct, so at least one token per forward); its KV, written by the same forward, is kept by moving the
 cache length, the rest is rolled back. The next draft is ``[correction g[a-1]] ++ g[a : L-1]``; on full
 acceptance ``g[L-1]`` (the bonus token) starts the next block, whose draft is ``[bonus] ++ (n-1) tokens drawn
-with a seeded JAX RNG from the context ids (prompt + generated)``. The first block uses the prefill-drafting
-trick: the prompt is forwarded with n drawn guesses appended; the guesses' KV is dropped and
+from the context ids (prompt + generated)`` with ``blocks.block_key(prompt key, block start)``. The first block uses
+the prefill-drafting trick: the prompt is forwarded with n drawn guesses appended; the guesses' KV is dropped and
 ``argmax(logits[P-1 : P+n-1])`` is the first draft. EOS caps the accepted prefix, and an EOS correction or
 bonus token is emitted and ends generation; nothing is emitted past EOS or ``max_new_tokens``.
 
@@ -28,14 +28,14 @@ from typing import Callable, Sequence
 import jax
 import jax.numpy as jnp
 
-from jf_jax.decoding.blocks import (cap_accepted, draw_context, emit, first_stop, leading_matches, start_blocks,
-                                    step_stop)
+from jf_jax.decoding.blocks import (block_key, cap_accepted, draw_context, emit, first_stop, leading_matches,
+                                    start_blocks, step_stop)
 from jf_jax.decoding.common import GenerationResult, check_int, eos_array, is_eos, prepare_prompts
 from jf_jax.decoding.sampling import GREEDY, Sampling, choose
 from jf_jax.decoding.runner import MAX_BLOCK_SIZE, BlockDecoder, OnTokens, decode_prompts, keep_if_done, per_row
 from jf_jax.model.config import ModelConfig
 from jf_jax.model.decode_jit import decode_jit
-from jf_jax.model.decode_view import decode_view
+from jf_jax.model.decode_view import DecodeView
 from jf_jax.model.kv_cache import KVCache
 from jf_jax.model.params import Params
 from jf_jax.model.token_meta import causal_meta
@@ -61,7 +61,7 @@ class JacobiState:
     cache: KVCache | None  # B rows; lengths == prompt_len + count (None in a one-row view)
     prompt: jax.Array  # [P] bucketed prompt
     prompt_len: jax.Array  # []
-    key: jax.Array  # [2] PRNG key for the random drafts
+    key: jax.Array  # [2] the prompt's draft key: block drafts are drawn with ``blocks.block_key(key, start)``
     sample_key: jax.Array  # [2] sampling key (``decoding.sampling``), fixed for the prompt
     max_new: jax.Array  # []
     eos_ids: jax.Array  # [8] padded with -1
@@ -124,15 +124,15 @@ class JacobiDecoder(BlockDecoder):
         stop = s.stop + step_stop(s.done, hit_eos, extra_eos, full, count, s.max_new)
         done = done | extra_eos
 
-        key, sub = jax.random.split(s.key)
-        fresh = jnp.concatenate([extra[None], draw_context(sub, s.prompt, s.prompt_len, out, count, n - 1)])
+        fresh = jnp.concatenate([extra[None], draw_context(block_key(s.key, count), s.prompt, s.prompt_len, out,
+                                                           count, n - 1)])
         new_block = full & ~done
         block_iters = s.block_iters.at[s.block].add(1, mode="drop")
         new = dataclasses.replace(
             s, draft=jnp.where(new_block, fresh, shifted), draft_len=jnp.where(new_block, n, s.draft_len - accepted),
             block_init=jnp.where(new_block, fresh, s.block_init), out=out, count=count,
             block_start=jnp.where(new_block, count, s.block_start), done=done,
-            key=jnp.where(new_block, key, s.key), forwards=s.forwards + 1, block=s.block + new_block,
+            forwards=s.forwards + 1, block=s.block + new_block,
             block_iters=block_iters, accept_hist=s.accept_hist.at[accepted].add(1), stop=stop)
         return keep_if_done(s, new), jnp.where(s.done, 0, accepted)
 
@@ -140,9 +140,10 @@ class JacobiDecoder(BlockDecoder):
 # ----------------------------------------------------------------------------------------------------------
 # Public entry points: decoding and trajectory recording.
 
-def generate_jacobi(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
-                    eos_ids: Sequence[int], block_size: int = 64, seed: int = 0, batch_size: int = 1,
-                    warmup: bool = True, driver: str = "compiled", on_tokens: OnTokens | None = None,
+def generate_jacobi(params: Params | DecodeView, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *,
+                    max_new_tokens: int, eos_ids: Sequence[int], block_size: int = 64, seed: int = 0,
+                    batch_size: int = 1, warmup: bool = True, driver: str = "compiled",
+                    on_tokens: OnTokens | None = None,
                     on_step: Callable[[int, JacobiState, JacobiState], None] | None = None,
                     sampling: Sampling = GREEDY, first_index: int = 0) -> GenerationResult:
     """Jacobi decoding of token-id prompts (greedy, or sampled with ``sampling``: the same tokens as AR with the
@@ -154,6 +155,6 @@ def generate_jacobi(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence
     ``stats`` holds per-prompt and total statistics (``decoding.stats``)."""
     n = check_int("block_size", block_size, 1, MAX_BLOCK_SIZE)
     prep = prepare_prompts(cfg, prompts, max_new_tokens, lookahead=n)
-    return decode_prompts(JacobiDecoder(cfg, n, sampling=sampling), decode_view(params), prep, eos_array(eos_ids),
+    return decode_prompts(JacobiDecoder(cfg, n, sampling=sampling), params, prep, eos_array(eos_ids),
                           seed=seed, batch_size=batch_size, driver=driver, warmup=warmup, on_tokens=on_tokens,
                           on_step=on_step, settings=dict(method="jacobi"), first_index=first_index)

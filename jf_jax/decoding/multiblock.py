@@ -32,15 +32,15 @@ from typing import Callable, Sequence
 import jax
 import jax.numpy as jnp
 
-from jf_jax.decoding.blocks import (cap_accepted, context_ids, draw_context, emit, first_stop, leading_matches,
-                                    start_blocks, step_stop)
+from jf_jax.decoding.blocks import (block_key, cap_accepted, context_ids, draw_context, emit, first_stop,
+                                    leading_matches, start_blocks, step_stop)
 from jf_jax.decoding.common import GenerationError, GenerationResult, check_int, eos_array, is_eos, prepare_prompts
 from jf_jax.decoding.recycling import build_candidates, forward_rows, harvest, pick_winner, push
 from jf_jax.decoding.sampling import GREEDY, Sampling
 from jf_jax.decoding.runner import MAX_BLOCK_SIZE, BlockDecoder, OnTokens, decode_prompts, keep_if_done, per_row
 from jf_jax.model.config import ModelConfig
 from jf_jax.model.decode_jit import decode_jit
-from jf_jax.model.decode_view import decode_view
+from jf_jax.model.decode_view import DecodeView
 from jf_jax.model.kv_cache import KVCache
 from jf_jax.model.params import Params
 
@@ -67,7 +67,7 @@ class MRState:
     cache: KVCache | None  # B rows; lengths == prompt_len + count (None in a one-row view)
     prompt: jax.Array  # [P]
     prompt_len: jax.Array  # []
-    key: jax.Array  # [2] draft RNG key
+    key: jax.Array  # [2] the prompt's draft key: a block's draft is drawn with ``blocks.block_key(key, its start)``
     sample_key: jax.Array  # [2] sampling key (``decoding.sampling``), fixed for the prompt
     max_new: jax.Array  # []
     eos_ids: jax.Array  # [8]
@@ -178,9 +178,8 @@ class MRDecoder(BlockDecoder):
         need = full & (s.n_pa == 0)
         spawn = ~done & ~need & (1 + n_pa < K) & (newest >= self.spawn_threshold)
         append = ~done & (need | spawn)
-        key, sub = jax.random.split(s.key)
-        if n > 1:
-            tail = draw_context(sub, s.prompt, s.prompt_len, out, count, n - 1)
+        if n > 1:  # the appended block starts at output position count + new_len: its draft key (blocks.block_key)
+            tail = draw_context(block_key(s.key, count + new_len), s.prompt, s.prompt_len, out, count, n - 1)
             fill = append & (j > new_len) & (j < new_len + n)
             shifted = jnp.where(fill, jnp.take(tail, jnp.clip(j - new_len - 1, 0, n - 2)), shifted)
         row_len = new_len + n * append
@@ -199,7 +198,7 @@ class MRDecoder(BlockDecoder):
         new = dataclasses.replace(
             s, row=shifted, row_len=row_len, ra_len=ra_len, n_pa=n_pa, pa_progress=progress, out=out, count=count,
             block_start=jnp.where(full, count, s.block_start), done=done,
-            key=jnp.where(append, key, s.key), pool=pool, pool_len=pool_len, pool_next=pool_next,
+            pool=pool, pool_len=pool_len, pool_next=pool_next,
             forwards=s.forwards + 1, block=s.block + full, block_iters=s.block_iters.at[s.block].add(1, mode="drop"),
             accept_hist=s.accept_hist.at[accepted].add(1), counters=counters, stop=stop)
         return keep_if_done(s, new), jnp.where(s.done, 0, accepted)
@@ -208,7 +207,7 @@ class MRDecoder(BlockDecoder):
         return {name: int(c) for name, c in zip(MR_COUNTERS, host_row.counters)}
 
 
-def generate_mr(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
+def generate_mr(params: Params | DecodeView, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                 eos_ids: Sequence[int], block_size: int = 64, num_blocks: int = 2, spawn_ratio: float = 0.85,
                 pool_size: int = 4, seed: int = 0, batch_size: int = 1, warmup: bool = True, driver: str = "compiled",
                 on_tokens: OnTokens | None = None, on_step: Callable[[int, MRState, MRState], None] | None = None,
@@ -227,6 +226,6 @@ def generate_mr(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int
     decoder = MRDecoder(cfg, n, num_blocks, max(1, math.ceil(spawn_ratio * n - 1e-9)), pool_size, sampling=sampling)
     settings = dict(method="mr", num_blocks=num_blocks, spawn_ratio=float(spawn_ratio),
                     spawn_threshold=decoder.spawn_threshold, pool_size=pool_size)
-    return decode_prompts(decoder, decode_view(params), prep, eos_array(eos_ids), seed=seed, batch_size=batch_size,
+    return decode_prompts(decoder, params, prep, eos_array(eos_ids), seed=seed, batch_size=batch_size,
                           driver=driver, warmup=warmup, on_tokens=on_tokens, on_step=on_step, settings=settings,
                           first_index=first_index)

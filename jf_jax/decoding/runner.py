@@ -27,10 +27,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from jf_jax.decoding.common import GenerationError, GenerationResult, PreparedPrompts, batch_slices, prompt_key
+from jf_jax.decoding.placement import place_rows, replicate, rows_multiple
 from jf_jax.decoding.sampling import GREEDY, Sampling, sampling_key
 from jf_jax.decoding.stats import prompt_stats, summarize
 from jf_jax.model.config import ModelConfig
 from jf_jax.model.decode_jit import decode_jit
+from jf_jax.model.decode_view import DecodeView, as_decode_view
+from jf_jax.model.params import Params
 
 DRIVERS = ("compiled", "python")
 MAX_BLOCK_SIZE = 1024
@@ -111,10 +114,13 @@ class BlockDecoder:
 
         if on_tokens is not None:
             stream(*jax.device_get((state.out, state.count)))
+        def rows_on_host(s):  # the observer's view: every field but the cache (B rows of KV are not copied out)
+            return jax.device_get(dataclasses.replace(s, cache=None))
+
         while not bool(jnp.all(state.done)):
-            before = jax.device_get(state) if on_step is not None else None
+            before = rows_on_host(state) if on_step is not None else None
             state = self.step(params, state)
-            after = jax.device_get(state) if on_step is not None else None
+            after = rows_on_host(state) if on_step is not None else None
             if on_step is not None:
                 stops = [row for row in range(len(counts)) if not before.done[row]
                          and on_step(row, row_view(before, row), row_view(after, row))]
@@ -132,32 +138,36 @@ def check_driver(driver: str, on_tokens, on_step) -> None:
         raise GenerationError("streaming (on_tokens) and observing (on_step) need driver='python'")
 
 
-def decode_prompts(decoder: BlockDecoder, params, prep: PreparedPrompts, eos_ids: np.ndarray, *, seed: int,
-                   batch_size: int = 1, driver: str = "compiled", warmup: bool = True,
+def decode_prompts(decoder: BlockDecoder, params: Params | DecodeView, prep: PreparedPrompts, eos_ids: np.ndarray, *,
+                   seed: int, batch_size: int = 1, driver: str = "compiled", warmup: bool = True,
                    on_tokens: OnTokens | None = None, on_step: Callable[[int, Any, Any], bool | None] | None = None,
-                   settings: dict | None = None, first_index: int = 0) -> GenerationResult:
+                   settings: dict | None = None, first_index: int = 0, mesh=None) -> GenerationResult:
     """Decodes every prompt of ``prep`` with ``decoder``, ``batch_size`` prompts at a time, on bucketed shapes
     so batches share the compiled programs (a last, smaller batch is padded with finished rows). Prompt i (of the
     request: ``first_index + i``) draws its drafts from ``prompt_key(seed, first_index + i)`` whatever its batch,
     so its tokens and statistics do not depend on ``batch_size``; it samples (when ``decoder.sampling`` is not
     greedy) with ``sampling_key(seed, first_index + i)``, a stream apart from the drafts'.
-    ``on_step(prompt_index, before, after)`` observes the python driver.
+    ``on_step(prompt_index, before, after)`` observes the python driver. With a ``mesh``
+    (``placement.local_rows_mesh``) each batch's rows are split over its devices (B rounded up to fill them).
 
     ``warmup`` first compiles the programs with a 1-token run on the same shapes, so ``seconds`` excludes
     compilation. Prompts decoded together share one wall clock: per-prompt seconds exist only for
     ``batch_size`` 1. ``settings`` are recorded in ``stats`` beside the per-prompt and total statistics.
+    ``params`` is a ``DecodeView`` (``api.load_model``'s), or stacked training params converted once here.
     """
     check_driver(driver, on_tokens, on_step)
+    params = as_decode_view(params)
     num = prep.tokens.shape[0]
-    B, batches = batch_slices(num, batch_size)
+    B, batches = batch_slices(num, batch_size, rows_multiple(mesh))
+    params = replicate(mesh, params)
 
     def run_batch(first: int, idx, max_new: int, stream=None, observe=None):
         padding = jnp.asarray(np.arange(first, first + B) >= num)  # rows repeating a prompt: finished from the start
         keys = jnp.stack([prompt_key(seed, first_index + int(i)) for i in idx])
         sample_keys = jnp.stack([sampling_key(seed, first_index + int(i)) for i in idx])
+        rows = place_rows(mesh, prep.tokens[idx], prep.lengths[idx], keys, sample_keys)
         start = time.perf_counter()
-        state = decoder.init(params, prep.tokens[idx], prep.lengths[idx], keys, sample_keys, jnp.int32(max_new),
-                             eos_ids, prep.out_capacity, prep.cache_capacity)
+        state = decoder.init(params, *rows, jnp.int32(max_new), eos_ids, prep.out_capacity, prep.cache_capacity)
         state = dataclasses.replace(state, done=state.done | padding)
         state.count.block_until_ready()
         prefill_done = time.perf_counter()

@@ -41,7 +41,7 @@ from jf_jax.training.synthetic import SyntheticRecorder, make_prompts
 from jf_jax.training.config import ConfigKeyError, TrainConfig, config_from_dict
 from jf_jax.training.state import TrainState, abstract_state, init_state, make_optimizer, state_shardings
 from jf_jax.training.step import make_train_step, put_batch, reference_params
-from jf_jax.training.trajectories import collect, load_responses, read_manifest
+from jf_jax.training.trajectories import collect, load_responses, read_manifest, trajectory_dirs
 
 
 class NonFiniteLossError(RuntimeError):
@@ -137,7 +137,7 @@ def build_stream(tcfg: TrainConfig, run_dir: str, vocab_size: int, progress: boo
                     block_size=d.block_size, progress=progress, metadata={"source": "synthetic"})
         _barrier("jf_jax synthetic trajectories")
     responses = []
-    for path in paths:
+    for path in [d for p in paths for d in trajectory_dirs(p)]:
         block_size = read_manifest(path)["block_size"]
         if block_size != d.block_size:
             raise ConfigKeyError(f"data.block_size={d.block_size} but {path} holds blocks of {block_size}")

@@ -16,7 +16,7 @@ Directory layout::
     OUT_DIR/manifest.json          {"format": "jf-trajectories", "version": 1, "block_size": n,
                                     "num_prompts": N, "prompts_sha256": ..., "metadata": {...},
                                     "shards": [{"file", "prompt_start", "prompt_end", "num_records",
-                                                "num_filtered"}, ...]}   (shards cover prompts
+                                                "num_filtered", "num_mismatched"}, ...]}   (shards cover prompts
                                     [0, prompt_end of the last shard) contiguously)
     OUT_DIR/shard-00000.npz        example_id [R] int64, block_index [R] int32,
                                    prompt_offsets [R+1] int64 + prompt_tokens [sum P_j] int32,
@@ -98,6 +98,24 @@ def read_manifest(out_dir: str) -> dict:
     return manifest
 
 
+def process_dir(out_dir: str, index: int, count: int) -> str:
+    """Where process ``index`` of ``count`` writes its share of a multi-process collection."""
+    return os.path.join(out_dir, f"process-{index:03d}-of-{count:03d}")
+
+
+def trajectory_dirs(path: str) -> list[str]:
+    """The trajectory directories ``path`` stands for: itself, or, for a multi-process collection, every
+    ``process_dir`` under it (all of one process count, all present)."""
+    if os.path.exists(os.path.join(path, MANIFEST)) or not os.path.isdir(path):
+        return [path]
+    parts = sorted(d for d in os.listdir(path) if d.startswith("process-"))
+    counts = {d.rsplit("-of-", 1)[-1] for d in parts}
+    if not parts or len(counts) != 1 or len(parts) != int(counts.pop()):
+        raise TrajectoryFormatError(f"{path} is neither a trajectory directory (no {MANIFEST}) nor a complete "
+                                    f"multi-process collection (found {parts or 'no process-* directories'})")
+    return [os.path.join(path, d) for d in parts]
+
+
 def write_shard(path: str, records: Sequence[Record], block_size: int) -> None:
     """Writes ``records`` to one ``.npz`` shard atomically."""
     for r in records:
@@ -175,9 +193,9 @@ def repetition_filter(ngram: int = 4, max_repeat_fraction: float = 0.5, eos_id: 
     return keep
 
 
-def collect(prompts: Sequence[Sequence[int]], record_fn: Callable, out_dir: str, *, block_size: int,
+def collect(prompts: Sequence[Sequence[int]], record_fn: Callable | None, out_dir: str, *, block_size: int,
             prompts_per_shard: int = 16, keep_fn: Callable | None = None, metadata: dict | None = None,
-            progress: bool = True) -> dict:
+            progress: bool = True, record_shard: Callable | None = None) -> dict:
     """Collects trajectories for ``prompts`` into ``out_dir``, resuming a previous run there.
 
     record_fn(prompt_ids) -> sequence of per-block state arrays ``[K_j + 1, n]``, or of objects with such a
@@ -187,9 +205,17 @@ def collect(prompts: Sequence[Sequence[int]], record_fn: Callable, out_dir: str,
         record_fn = lambda p: recording.record_trajectories(params, cfg, p, block_size=n, max_new_tokens=m,
                                                             eos_ids=(eos,), seed=s)
 
+    Or, instead, ``record_shard(example_ids, prompts)`` -> one such sequence per prompt: a whole shard at once
+    (the batched recorder, ``recording.record_batch``, whose per-prompt ``ResponseTrajectories`` carry ``blocks``
+    and ``mismatched``: responses cut short because a fixed point differed from the batched AR response are
+    counted per shard in ``num_mismatched``).
     keep_fn(response_ids) -> bool (e.g. ``repetition_filter()``) drops a prompt whose response it rejects.
     Returns the final manifest.
     """
+    if (record_fn is None) == (record_shard is None):
+        raise ValueError("give exactly one of record_fn and record_shard")
+    if record_shard is None:
+        record_shard = lambda example_ids, shard_prompts: [record_fn(p) for p in shard_prompts]  # noqa: E731
     os.makedirs(out_dir, exist_ok=True)
     fingerprint = prompts_fingerprint(prompts)
     manifest_path = os.path.join(out_dir, MANIFEST)
@@ -206,13 +232,15 @@ def collect(prompts: Sequence[Sequence[int]], record_fn: Callable, out_dir: str,
         _write_json(manifest_path, manifest)
     start = manifest["shards"][-1]["prompt_end"] if manifest["shards"] else 0
 
-    bar = tqdm(total=len(prompts), initial=start, desc="collect", unit="prompt", disable=not progress)
+    bar = tqdm(total=len(prompts), initial=start, desc="collect", unit="response", disable=not progress)
     for shard_start in range(start, len(prompts), prompts_per_shard):
         shard_end = min(shard_start + prompts_per_shard, len(prompts))
-        records, filtered = [], 0
-        for eid in range(shard_start, shard_end):
-            prompt = np.asarray(prompts[eid], np.int32)
-            blocks = [np.asarray(getattr(b, "states", b), np.int32) for b in record_fn(prompt)]
+        records, filtered, mismatched = [], 0, 0
+        shard_prompts = [np.asarray(prompts[eid], np.int32) for eid in range(shard_start, shard_end)]
+        recorded = record_shard(list(range(shard_start, shard_end)), shard_prompts)
+        for eid, prompt, response in zip(range(shard_start, shard_end), shard_prompts, recorded, strict=True):
+            mismatched += bool(getattr(response, "mismatched", False))
+            blocks = [np.asarray(getattr(b, "states", b), np.int32) for b in getattr(response, "blocks", response)]
             response = np.concatenate([b[-1] for b in blocks]) if blocks else np.zeros(0, np.int32)
             if not blocks or (keep_fn is not None and not keep_fn(response)):
                 filtered += 1
@@ -225,7 +253,8 @@ def collect(prompts: Sequence[Sequence[int]], record_fn: Callable, out_dir: str,
         name = f"shard-{len(manifest['shards']):05d}.npz"
         write_shard(os.path.join(out_dir, name), records, block_size)
         manifest["shards"].append(dict(file=name, prompt_start=shard_start, prompt_end=shard_end,
-                                       num_records=len(records), num_filtered=filtered))
+                                       num_records=len(records), num_filtered=filtered,
+                                       num_mismatched=mismatched))
         _write_json(manifest_path, manifest)
         bar.set_postfix(records=sum(s["num_records"] for s in manifest["shards"]),
                         filtered=sum(s["num_filtered"] for s in manifest["shards"]))

@@ -1,0 +1,126 @@
+"""The learning curve of the data-scale study (experiments/data_scale.py) from its evaluations.
+
+    python experiments/data_scale_report.py results/studies/data_scale/cpu
+
+Reads every ``eval_<arm>_<size>.json`` (``jf-jax evaluate`` output) of the folder, and writes ``curve.json``,
+``curve.md`` and ``curve.png``: per (arm, responses) the held-out TPF of jacobi and mr without looping answers
+(mean per prompt, with its bootstrap 95% interval), the loop rate, TPF on training prompts, and per arm and method
+the least-squares slope of TPF against log2(responses) with what it predicts at 10,000 responses.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+import re
+import sys
+
+import numpy as np
+
+PREDICT_AT = 10_000
+
+
+def read_point(path: str) -> dict:
+    """One evaluation as a curve point: per method, held-out (all held-out sets pooled) and training-prompt
+    summaries of the per-prompt records."""
+    from jf_jax.decoding.stats import summarize_with_loops
+
+    with open(path) as f:
+        result = json.load(f)["results"][0]
+    arm, size = re.fullmatch(r"eval_(\w+?)_(\d+)\.json", os.path.basename(path)).groups()
+    train_sets = set(result.get("train_sets", []))
+    pooled: dict[str, dict[str, list]] = {}
+    for set_name, runs in result["speed"].items():
+        split = "train" if set_name in train_sets else "heldout"
+        for run_name, summary in runs.items():
+            pooled.setdefault(run_name, {}).setdefault(split, []).extend(summary["per_prompt"])
+    methods = {}
+    for run_name, splits in pooled.items():
+        methods[run_name] = {split: summarize_with_loops(records) for split, records in splits.items()}
+    return dict(arm=arm, size=int(size), responses=result.get("responses"), methods=methods)
+
+
+def fit(points: list[tuple[float, float]]) -> dict | None:
+    """TPF = a + b log2(responses): the slope b per doubling and the prediction at ``PREDICT_AT``."""
+    if len(points) < 2:
+        return None
+    x = np.log2([p[0] for p in points])
+    y = np.asarray([p[1] for p in points])
+    slope, intercept = np.polyfit(x, y, 1)
+    return dict(slope_per_doubling=float(slope), intercept=float(intercept), points=len(points),
+                predicted_at_10k=float(intercept + slope * math.log2(PREDICT_AT)))
+
+
+def main(folder: str) -> int:
+    paths = sorted(glob.glob(os.path.join(folder, "eval_*_*.json")))
+    if not paths:
+        print(f"error: no eval_<arm>_<size>.json in {folder}", file=sys.stderr)
+        return 2
+    points = [read_point(p) for p in paths]
+    responses_file = os.path.join(folder, "responses.json")  # written by data_scale.py: size -> responses kept
+    kept = json.load(open(responses_file)) if os.path.exists(responses_file) else {}
+    for pt in points:
+        pt["responses"] = kept.get(str(pt["size"]), pt["size"]) if pt["size"] else 0
+    fits = {}
+    for arm in sorted({p["arm"] for p in points} - {"base"}):
+        for method in sorted({m for p in points for m in p["methods"]}):
+            xy = [(p["responses"], (p["methods"][method]["heldout"].get("without_loops") or {}).get("mean_tpf"))
+                  for p in points if p["arm"] == arm and method in p["methods"]]
+            xy = [(x, y) for x, y in xy if x and y is not None]
+            fits[f"{arm} {method}"] = fit(sorted(xy))
+    with open(os.path.join(folder, "curve.json"), "w") as f:
+        json.dump(dict(points=points, fits=fits), f, indent=1)
+    lines = ["| arm | responses | method | held-out mean TPF w/o loops [95% CI] | loop rate | held-out mean TPF (all) "
+             "| train-prompt mean TPF w/o loops |", "|---|---|---|---|---|---|---|"]
+    for p in sorted(points, key=lambda p: (p["arm"] != "base", p["arm"], p["size"])):
+        for method, splits in sorted(p["methods"].items()):
+            held, train = splits.get("heldout", {}), splits.get("train", {})
+            wl = held.get("without_loops") or {}
+            ci = wl.get("mean_tpf_ci95") or [float("nan")] * 2
+            twl = (train.get("without_loops") or {}).get("mean_tpf", float("nan"))
+            lines.append(f"| {p['arm']} | {p['responses']} | {method} | {wl.get('mean_tpf', float('nan')):.3f} "
+                         f"[{ci[0]:.3f}, {ci[1]:.3f}] | {held.get('loop_rate', float('nan')):.2f} | "
+                         f"{held.get('mean_tpf', float('nan')):.3f} | {twl:.3f} |")
+    lines += ["", "| arm, method | slope per doubling | predicted at 10k responses | points |", "|---|---|---|---|"]
+    for name, fitted in fits.items():
+        if fitted:
+            lines.append(f"| {name} | {fitted['slope_per_doubling']:+.3f} | {fitted['predicted_at_10k']:.2f} | "
+                         f"{fitted['points']} |")
+    with open(os.path.join(folder, "curve.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    plot(points, os.path.join(folder, "curve.png"))
+    print("\n".join(lines))
+    return 0
+
+
+def plot(points: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for arm in sorted({p["arm"] for p in points} - {"base"}):
+        for method in sorted({m for p in points for m in p["methods"]}):
+            xy = sorted((p["responses"], (p["methods"][method]["heldout"].get("without_loops") or {}).get("mean_tpf"))
+                        for p in points if p["arm"] == arm and method in p["methods"])
+            xy = [(x, y) for x, y in xy if y is not None]
+            if xy:
+                ax.plot(*zip(*xy), marker="o", label=f"{arm} {method}")
+    for p in points:
+        if p["arm"] == "base":
+            for method, splits in p["methods"].items():
+                ax.axhline((splits["heldout"].get("without_loops") or {}).get("mean_tpf", np.nan), ls=":",
+                           color="gray")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("training responses")
+    ax.set_ylabel("held-out TPF, looping answers left out")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
