@@ -1,5 +1,6 @@
 """Flash attention with the per-token Jacobi Forcing mask, skipping fully masked tiles (Pallas): the entry point
-``attention``, and its Triton kernel. The TPU (Mosaic) kernels are ``tpu_attention`` and ``tpu_attention_backward``.
+``attention``, and its Triton forward kernel; its fused backward is ``triton_attention_backward``. The TPU (Mosaic)
+kernels are ``tpu_attention`` and ``tpu_attention_backward``.
 
 Same signature and semantics as ``attention_reference``: q [B, T, H, D], k/v [B, S, K, D] (GQA, H a multiple
 of K), per-token ``TokenMeta`` for queries and keys, float32 softmax, zero output rows for queries that may
@@ -13,11 +14,13 @@ attend nothing. Layers:
    grow with the block index in every layout we build, so the test is exact for them (not merely
    conservative); see the tests.
 2. *Kernel* (``_flash_kernel``): one program per (batch, head, query tile); online softmax in float32 over
-   the visited key tiles, evaluating ``mask.allowed`` elementwise from per-token data inside each tile.
+   the visited key tiles, evaluating ``mask.allowed`` elementwise from per-token data inside each tile. It also
+   writes each row's log-sum-exp, the backward's O(T) residual.
 3. ``attention``: pads lengths to the tiles (padding tokens get segment -1: never visible, zero rows) and the
    head dim to a power of two, picks tiles from ``tuning``, and runs on Triton (GPU) or in Pallas interpret
-   mode (chosen automatically on CPU). A ``jax.custom_vjp`` gives the backward: on the Triton path it
-   differentiates the reference (O(T*S) memory per head); on the TPU path it runs the fused dq/dk/dv kernels.
+   mode (chosen automatically on CPU). A ``jax.custom_vjp`` gives the backward: on either path fused dq and dk/dv
+   kernels that recompute the probabilities from the log-sum-exp (O(T) memory per head); ``backward="reference"``
+   differentiates the reference instead (O(T*S) per head: the semantics, and a fallback).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from pallas_kernels.schedule import (TileSummary, pad_meta, round_up, tile_sched
 from pallas_kernels.tuning import BlockSizes, block_sizes_for
 
 BACKENDS = ("triton", "tpu")
+BACKWARDS = ("fused", "reference")
 # Finite (not -inf) so that exp(s - m) never sees inf - inf; masked probabilities are zeroed explicitly.
 _MASK_VALUE = -1e30
 
@@ -47,10 +51,10 @@ _MASK_VALUE = -1e30
 # Kernel
 # ----------------------------------------------------------------------------------------------------------
 
-def _flash_kernel(schedule_ref, q_ref, k_ref, v_ref, q_meta_ref, k_meta_ref, o_ref, *, scale: float,
+def _flash_kernel(schedule_ref, q_ref, k_ref, v_ref, q_meta_ref, k_meta_ref, o_ref, lse_ref, *, scale: float,
                   block_k: int, mask_kind: str, precision):
     """One (batch, head, query tile). Refs: schedule [nk'], q [bq, D], k/v [S, D], q-meta [4, bq],
-    k-meta [4, S] (TokenMeta fields stacked), out [bq, D]."""
+    k-meta [4, S] (TokenMeta fields stacked), out [bq, D], lse [bq]."""
     block_q, head_dim = q_ref.shape
     schedule = schedule_ref[...]
     num_visits = jnp.sum((schedule >= 0).astype(jnp.int32))
@@ -82,10 +86,13 @@ def _flash_kernel(schedule_ref, q_ref, k_ref, v_ref, q_meta_ref, k_meta_ref, o_r
 
     init = (jnp.zeros((block_q, head_dim), jnp.float32), jnp.full((block_q,), _MASK_VALUE, jnp.float32),
             jnp.zeros((block_q,), jnp.float32))
-    acc, _, row_sum = lax.fori_loop(0, num_visits, body, init)
+    acc, row_max, row_sum = lax.fori_loop(0, num_visits, body, init)
     # Rows that saw no visible key (padding, empty segments, empty schedules) have row_sum == 0: output zeros.
-    denom = jnp.where(row_sum > 0.0, row_sum, 1.0)
-    o_ref[...] = jnp.where((row_sum > 0.0)[:, None], acc / denom[:, None], 0.0).astype(o_ref.dtype)
+    seen = row_sum > 0.0
+    denom = jnp.where(seen, row_sum, 1.0)
+    o_ref[...] = jnp.where(seen[:, None], acc / denom[:, None], 0.0).astype(o_ref.dtype)
+    # The backward's residual; 0 for unseen rows, whose probabilities it zeroes through the mask anyway.
+    lse_ref[...] = jnp.where(seen, row_max + jnp.log(denom), 0.0)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -101,6 +108,7 @@ class _Static:
     block_sizes: BlockSizes
     interpret: bool
     backend: str
+    backward: str = "fused"
 
 
 def _dot_precision(dtype):
@@ -112,6 +120,7 @@ def _dot_precision(dtype):
 
 @functools.partial(jax.jit, static_argnames=("static",))
 def _forward(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, static: _Static):
+    """out [B, T, H, D] and the log-sum-exp of each row, [B, H, T] float32 (the backward's residual)."""
     B, T, H, D = q.shape
     S, K = k.shape[1], k.shape[2]
     group = H // K
@@ -144,17 +153,17 @@ def _forward(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, static: _Static):
 
         compiler_params = plgpu.CompilerParams(num_warps=static.block_sizes.num_warps,
                                                num_stages=static.block_sizes.num_stages)
-    out = pl.pallas_call(
+    out, lse = pl.pallas_call(
         kernel,
         grid=(B, H, num_q_tiles),
         in_specs=in_specs,
-        out_specs=q_spec,
-        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        out_specs=[q_spec, pl.BlockSpec((None, None, block_q), lambda b, h, i: (b, h, i))],
+        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((B, H, T_pad), jnp.float32)],
         compiler_params=compiler_params,
         interpret=static.interpret,
         name="jf_flash_attention",
     )(schedule, q, k, v, jnp.stack(q_meta, axis=1), jnp.stack(k_meta, axis=1))
-    return out[:, :T, :, :D]
+    return out[:, :T, :, :D], lse[:, :, :T]
 
 
 def _tpu_static(q, k, static: _Static):
@@ -175,9 +184,10 @@ def _attention_fwd(q, k, v, q_meta, k_meta, static: _Static):
         from pallas_kernels import tpu_attention
 
         out, lse = tpu_attention.forward(q, k, v, q_meta, k_meta, _tpu_static(q, k, static))
-        # O(T) residuals: the fused backward recomputes the probabilities from the log-sum-exp.
-        return out, (q, k, v, q_meta, k_meta, out, lse)
-    return _forward(q, k, v, q_meta, k_meta, static), (q, k, v, q_meta, k_meta)
+    else:
+        out, lse = _forward(q, k, v, q_meta, k_meta, static)
+    # O(T) residuals: the fused backwards recompute the probabilities from the log-sum-exp.
+    return out, (q, k, v, q_meta, k_meta, out, lse)
 
 
 @functools.partial(jax.jit, static_argnames=("mask_kind", "scale"))
@@ -189,17 +199,22 @@ def _reference_grads(q, k, v, q_meta, k_meta, d_out, *, mask_kind: str, scale: f
 
 
 def _attention_bwd(static: _Static, residuals, d_out):
-    q, k, v, q_meta, k_meta = residuals[:5]
-    if static.backend == "tpu":
+    q, k, v, q_meta, k_meta, out, lse = residuals
+    if static.backward == "reference":
+        # Differentiate the reference (which defines the semantics): exact, but memory O(T*S) per head.
+        dq, dk, dv = _reference_grads(q, k, v, q_meta, k_meta, d_out, mask_kind=static.mask_kind,
+                                      scale=static.scale)
+    elif static.backend == "tpu":
         from pallas_kernels import tpu_attention_backward
 
-        out, lse = residuals[5:]
         dq, dk, dv = tpu_attention_backward.backward(q, k, v, q_meta, k_meta, out, lse, d_out,
                                                      _tpu_static(q, k, static))
     else:
-        # Triton: differentiate the reference (which defines the semantics): exact, but memory O(T*S) per head.
-        dq, dk, dv = _reference_grads(q, k, v, q_meta, k_meta, d_out, mask_kind=static.mask_kind,
-                                      scale=static.scale)
+        from pallas_kernels import triton_attention_backward
+
+        dq, dk, dv = triton_attention_backward.backward(
+            q, k, v, q_meta, k_meta, out, lse, d_out, mask_kind=static.mask_kind, scale=static.scale,
+            block_sizes=static.block_sizes, interpret=static.interpret, precision=_dot_precision(q.dtype))
     no_grad = lambda meta: TokenMeta(*(np.zeros(f.shape, jax.dtypes.float0) for f in meta))  # noqa: E731
     return dq, dk, dv, no_grad(q_meta), no_grad(k_meta)
 
@@ -209,7 +224,7 @@ _attention.defvjp(_attention_fwd, _attention_bwd)
 
 def attention(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, *, mask_kind: str = MASK_NOISE_CONDITIONED,
               scale: float | None = None, block_sizes: BlockSizes | None = None, interpret: bool | None = None,
-              backend: str | None = None):
+              backend: str | None = None, backward: str = "fused"):
     """Masked GQA attention, flash-style with masked tiles skipped; semantics of ``attention_reference``.
 
     q: [B, T, H, D]; k, v: [B, S, K, D]; q_meta fields [B, T], k_meta fields [B, S] (int32). Returns
@@ -217,9 +232,11 @@ def attention(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, *, mask_kind: str =
     ``interpret``: run the kernel in Pallas interpret mode (default: when JAX's default backend is CPU); with
     ``backend="tpu"`` that is the TPU interpret mode (``pltpu.InterpretParams``), which simulates the TPU's grid,
     scalar prefetch and VMEM scratch on the host.
-    ``backend``: "triton" (the GPU kernel, ``_flash_kernel``) or "tpu" (the Mosaic kernels of ``tpu_attention``
-    and ``tpu_attention_backward``, with a fused backward). Default: "tpu" when JAX's default backend is a TPU,
-    else "triton".
+    ``backend``: "triton" (the GPU kernels, ``_flash_kernel`` and ``triton_attention_backward``) or "tpu" (the
+    Mosaic kernels of ``tpu_attention`` and ``tpu_attention_backward``). Default: "tpu" when JAX's default backend
+    is a TPU, else "triton".
+    ``backward``: "fused" (the backend's dq and dk/dv kernels, O(T) memory per head) or "reference" (autodiff of
+    ``attention_reference``, O(T*S) per head: a fallback should a fused backward not compile on some device).
     """
     check_attention_shapes(q, k, v, q_meta, k_meta)
     if mask_kind not in MASK_KINDS:
@@ -233,9 +250,12 @@ def attention(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, *, mask_kind: str =
         backend = "tpu" if jax.default_backend() == "tpu" else "triton"
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
+    if backward not in BACKWARDS:
+        raise ValueError(f"unknown backward {backward!r}; expected one of {BACKWARDS}")
     if block_sizes is None:
         block_sizes = block_sizes_for()
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     q_meta = TokenMeta(*(jnp.asarray(f, jnp.int32) for f in q_meta))
     k_meta = TokenMeta(*(jnp.asarray(f, jnp.int32) for f in k_meta))
-    return _attention(q, k, v, q_meta, k_meta, _Static(mask_kind, scale, block_sizes, bool(interpret), backend))
+    return _attention(q, k, v, q_meta, k_meta,
+                      _Static(mask_kind, scale, block_sizes, bool(interpret), backend, backward))

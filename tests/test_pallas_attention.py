@@ -1,11 +1,13 @@
 """The flash-attention kernels against the plain-JAX reference: one shared battery, one subclass per backend.
 
-``AttentionBattery`` holds every check. ``TestPallasInterpret`` runs the Triton kernel in Pallas interpret mode on
-CPU and ``TestPallasGPU`` compiles it with Triton (skipped without a GPU); ``TestTpuInterpret`` runs the TPU
-(Mosaic) kernels and their fused backward in TPU interpret mode on CPU and ``TestPallasTPU`` compiles them
-(skipped without a TPU). Shapes are small because interpret mode runs the kernel's grid step by step on the host
-(the TPU interpret mode simulates every grid step's copies: tens of milliseconds a step). Mask layouts are built
-here independently of the trainer. Lowering and compiling for TPUs from a CPU host: tests/test_pallas_tpu.py.
+``AttentionBattery`` holds every check. ``TestPallasInterpret`` runs the Triton kernels (forward and fused backward)
+in Pallas interpret mode on CPU and ``TestPallasGPU`` compiles them with Triton (skipped without a GPU);
+``TestTpuInterpret`` runs the TPU (Mosaic) kernels and their fused backward in TPU interpret mode on CPU and
+``TestPallasTPU`` compiles them (skipped without a TPU). Shapes are small because interpret mode runs the kernels'
+grids step by step on the host (the TPU interpret mode simulates every grid step's copies: tens of milliseconds a
+step). Mask layouts are built here independently of the trainer. The Triton kernels lowered for CUDA on any host,
+and the Triton backward's memory: ``TestTritonLowering``, ``TestBackwardMemory``. Lowering and compiling for TPUs
+from a CPU host: tests/test_pallas_tpu.py.
 """
 
 from __future__ import annotations
@@ -154,10 +156,6 @@ class AttentionBattery:
         return attention(q, k, v, case.q_meta, case.k_meta, mask_kind=case.mask_kind, block_sizes=case.tiles,
                          interpret=self.INTERPRET, backend=self.BACKEND)
 
-    def fused_backward_only(self):
-        if self.BACKEND != "tpu":
-            pytest.skip("the Triton path's backward differentiates the reference, which reads every tile")
-
     @pytest.mark.parametrize("name", sorted(CASES))
     def test_forward_float32(self, name):
         case = CASES[name]
@@ -211,7 +209,6 @@ class AttentionBattery:
                                   eps=1e-2, atol=2e-2, rtol=2e-2)
 
     def test_backward_never_reads_skipped_tiles(self):
-        self.fused_backward_only()
         case, q, k, v, dead, poison = _poisoned_decode_case()
         d_out = jnp.asarray(np.random.default_rng(8).standard_normal(q.shape, np.float32))
         got = jax.vjp(lambda *x: self.kernel(case, *x), q, poison(k), poison(v))[1](d_out)
@@ -352,20 +349,60 @@ class TestTileSchedule:
 
 
 class TestTritonLowering:
-    """Lowers the compiled (non-interpret) kernel to Triton IR on any host via jax.export: catches GPU-only
-    lowering errors without a GPU. Compiling the IR to PTX still needs one (TestPallasGPU)."""
+    """Lowers the compiled (non-interpret) kernels, forward and fused backward, to Triton IR on any host via
+    jax.export: catches GPU-only lowering errors (a tensor shape Triton cannot hold, a primitive without a Triton
+    rule) without a GPU. Compiling the IR to PTX (registers, shared memory) still needs one: TestPallasGPU and
+    TestBackwardMemory.test_compiled_on_gpu."""
 
     @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-    def test_exports_for_cuda(self, dtype):
+    @pytest.mark.parametrize("name", ["jacobi_decode", "packed_clean_context"])  # GQA; unequal tiles, head dim 24
+    def test_exports_for_cuda(self, name, dtype):
         from jax import export
 
-        case = CASES["jacobi_decode"]
+        case = CASES[name]
         q, k, v = (jax.ShapeDtypeStruct(x.shape, dtype) for x in _inputs(case, jnp.float32))
-        fn = jax.jit(lambda q, k, v: attention(q, k, v, case.q_meta, case.k_meta, block_sizes=case.tiles,
-                                               interpret=False))
-        exported = export.export(fn, platforms=["cuda"], disabled_checks=[
-            export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])(q, k, v)
-        assert "__gpu$xla.gpu.triton" in exported.mlir_module()
+        kernel = lambda q, k, v: attention(q, k, v, case.q_meta, case.k_meta, mask_kind=case.mask_kind,  # noqa: E731
+                                           block_sizes=case.tiles, interpret=False, backend="triton")
+        loss = lambda *x: jnp.sum(kernel(*x).astype(jnp.float32) ** 2)  # noqa: E731
+        # The forward is one Triton kernel; its gradient runs three (forward, dq, dk/dv) and no reference.
+        for fn, kernels in ((kernel, 1), (jax.grad(loss, argnums=(0, 1, 2)), 3)):
+            exported = export.export(jax.jit(fn), platforms=["cuda"], disabled_checks=[
+                export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])(q, k, v)
+            assert exported.mlir_module().count("@__gpu$xla.gpu.triton") == kernels
+
+
+class TestBackwardMemory:
+    """The Triton path's gradient: compiled temporary memory from T to 4T tokens (S = T; batch 1, 2 query heads
+    over 1 KV head). About 4x when the backward is O(T) (the fused kernels), 16x when it holds the T x S
+    probabilities (``backward="reference"``, the reference's autodiff behind the same forward)."""
+
+    @staticmethod
+    def _growth(T: int, dtype, head_dim: int, tiles: BlockSizes, interpret: bool, backward: str) -> float:
+        def temp_bytes(n):
+            meta = TokenMeta(*[jax.ShapeDtypeStruct((1, n), jnp.int32)] * 4)
+            array = lambda heads: jax.ShapeDtypeStruct((1, n, heads, head_dim), dtype)  # noqa: E731
+            loss = lambda q, k, v, m: jnp.sum(attention(  # noqa: E731
+                q, k, v, m, m, block_sizes=tiles, interpret=interpret, backend="triton",
+                backward=backward).astype(jnp.float32) ** 2)
+            compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(array(2), array(1), array(1), meta).compile()
+            return compiled.memory_analysis().temp_size_in_bytes
+        return temp_bytes(4 * T) / temp_bytes(T)
+
+    def test_interpreted_on_cpu(self):
+        # The CPU program of the interpret mode: its temporaries are the kernels' operands and block copies.
+        tiles = BlockSizes(block_q=64, block_k=64)
+        fused, reference = (self._growth(256, jnp.float32, 16, tiles, True, b) for b in ("fused", "reference"))
+        assert fused < 5 and reference > 12, (fused, reference)
+
+    @pytest.mark.gpu
+    def test_compiled_on_gpu(self):
+        # Compiles the Triton backward for real (PTX, the device's tiles, bf16 at head dim 128) and measures it.
+        if jax.default_backend() != "gpu":
+            pytest.skip(f"no GPU (default backend {jax.default_backend()!r}); TestTritonLowering lowers the "
+                        f"backward for CUDA on any host, and the interpret battery checks its numerics")
+        tiles = block_sizes_for()
+        fused, reference = (self._growth(1024, jnp.bfloat16, 128, tiles, False, b) for b in ("fused", "reference"))
+        assert fused < 5 and reference > 12, (fused, reference)
 
 
 class TestApi:
@@ -394,3 +431,16 @@ class TestApi:
             attention(q, k, v, case.q_meta, case.k_meta, mask_kind="full")
         with pytest.raises(ValueError, match="unknown backend"):
             attention(q, k, v, case.q_meta, case.k_meta, backend="mosaic_gpu")
+        with pytest.raises(ValueError, match="unknown backward"):
+            attention(q, k, v, case.q_meta, case.k_meta, backward="autodiff")
+
+    def test_reference_backward_is_the_fallback(self):
+        # backward="reference" differentiates the reference behind the kernel's forward: the fused backward's
+        # semantics, selectable should a fused backward fail to compile on some device.
+        case = CASES["jacobi_decode"]
+        q, k, v = _inputs(case, jnp.float32, seed=1)
+        grad = lambda backward: jax.grad(lambda *x: jnp.sum(attention(  # noqa: E731
+            *x, case.q_meta, case.k_meta, block_sizes=case.tiles, backend="triton", backward=backward) ** 2),
+            argnums=(0, 1, 2))(q, k, v)
+        for fused, reference in zip(grad("fused"), grad("reference")):
+            np.testing.assert_allclose(fused, reference, rtol=1e-5, atol=1e-5)
