@@ -176,8 +176,20 @@ def _forward_kernel(schedule_ref, counts_ref, q_ref, k_ref, v_ref, q_cols_ref, k
         lse_ref[...] = jnp.where(seen, m_scratch[...] + jnp.log(denom), 0.0)
 
 
-def forward_call(inputs: TpuInputs, static: TpuStatic):
-    """The forward pallas_call on prepared inputs: (out [B, H, T', D] in q's dtype, lse [B, H, T', 1] float32)."""
+class QueryTileGrid(NamedTuple):
+    """The grid of the forward and of the dq kernel: one program per (batch, KV head, query tile, visited key
+    tile), its scalar-prefetched schedule, and the BlockSpecs of the tensors both read the same way."""
+
+    grid: tuple[int, int, int, int]
+    schedule: jax.Array
+    counts: jax.Array
+    q_spec: pl.BlockSpec  # [G, bq, D] of the G query heads of one KV head (q, out, dq, dO)
+    row_spec: pl.BlockSpec  # [G, bq, 1] per-row residuals (lse, delta)
+    kv_spec: pl.BlockSpec  # [bk, D] of the visited key tile
+    meta_specs: tuple[pl.BlockSpec, pl.BlockSpec]  # the query tile's and key tile's mask data
+
+
+def query_tile_grid(inputs: TpuInputs, static: TpuStatic) -> QueryTileGrid:
     B, H, T_pad, D = inputs.q.shape
     K, S_pad = inputs.k.shape[1], inputs.k.shape[2]
     group, bq, bk = H // K, static.block_q, static.block_k
@@ -188,27 +200,36 @@ def forward_call(inputs: TpuInputs, static: TpuStatic):
         return schedule_ref[(b * nq + i) * nk + j]
 
     # One program per KV head: its G query heads are block kh of the head axis, in units of G heads.
-    q_spec = pl.BlockSpec((None, group, bq, D), lambda b, kh, i, j, *_: (b, kh, i, 0))
-    lse_spec = pl.BlockSpec((None, group, bq, 1), lambda b, kh, i, j, *_: (b, kh, i, 0))
-    kv_spec = pl.BlockSpec((None, None, bk, D), lambda b, kh, i, j, s, _: (b, kh, key_tile(b, i, j, s), 0))
+    return QueryTileGrid(
+        grid=(B, K, nq, nk), schedule=schedule, counts=counts,
+        q_spec=pl.BlockSpec((None, group, bq, D), lambda b, kh, i, j, *_: (b, kh, i, 0)),
+        row_spec=pl.BlockSpec((None, group, bq, 1), lambda b, kh, i, j, *_: (b, kh, i, 0)),
+        kv_spec=pl.BlockSpec((None, None, bk, D), lambda b, kh, i, j, s, _: (b, kh, key_tile(b, i, j, s), 0)),
+        meta_specs=(pl.BlockSpec((None, bq, 4), lambda b, kh, i, j, *_: (b, i, 0)),
+                    pl.BlockSpec((None, 4, bk), lambda b, kh, i, j, s, _: (b, 0, key_tile(b, i, j, s)))))
+
+
+def forward_call(inputs: TpuInputs, static: TpuStatic):
+    """The forward pallas_call on prepared inputs: (out [B, H, T', D] in q's dtype, lse [B, H, T', 1] float32)."""
+    B, H, T_pad, D = inputs.q.shape
+    group, bq = H // inputs.k.shape[1], static.block_q
+    g = query_tile_grid(inputs, static)
     kernel = functools.partial(_forward_kernel, scale=static.scale, mask_kind=static.mask_kind,
                                precision=dot_precision(inputs.q.dtype))
     return pl.pallas_call(
         kernel,
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=2,
-            grid=(B, K, nq, nk),
-            in_specs=[q_spec, kv_spec, kv_spec,
-                      pl.BlockSpec((None, bq, 4), lambda b, kh, i, j, *_: (b, i, 0)),
-                      pl.BlockSpec((None, 4, bk), lambda b, kh, i, j, s, _: (b, 0, key_tile(b, i, j, s)))],
-            out_specs=[q_spec, lse_spec],
+            grid=g.grid,
+            in_specs=[g.q_spec, g.kv_spec, g.kv_spec, *g.meta_specs],
+            out_specs=[g.q_spec, g.row_spec],
             scratch_shapes=[pltpu.VMEM((group, bq, 1), jnp.float32), pltpu.VMEM((group, bq, 1), jnp.float32),
                             pltpu.VMEM((group, bq, D), jnp.float32)]),
         out_shape=[jax.ShapeDtypeStruct(inputs.q.shape, inputs.q.dtype),
                    jax.ShapeDtypeStruct((B, H, T_pad, 1), jnp.float32)],
         name="jf_flash_attention_tpu",
         **compiler_params(static, ("parallel", "parallel", "parallel", "arbitrary")),
-    )(schedule, counts, inputs.q, inputs.k, inputs.v, inputs.q_cols, inputs.k_rows)
+    )(g.schedule, g.counts, inputs.q, inputs.k, inputs.v, inputs.q_cols, inputs.k_rows)
 
 
 @functools.partial(jax.jit, static_argnames=("static",))

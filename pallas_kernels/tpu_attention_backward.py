@@ -29,7 +29,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from pallas_kernels.mask import TokenMeta
 from pallas_kernels.tpu_attention import (TpuInputs, TpuStatic, compiler_params, dot_precision, flat_schedule,
-                                          masked_scores, prepare, stacked_dot)
+                                          masked_scores, prepare, query_tile_grid, stacked_dot)
 
 _TN = (((0,), (0,)), ((), ()))  # a.T @ b
 
@@ -99,34 +99,22 @@ def _dkv_kernel(schedule_ref, counts_ref, q_ref, k_ref, v_ref, q_cols_ref, k_row
 
 def _dq_call(inputs: TpuInputs, do, lse, delta, static: TpuStatic):
     B, H, T_pad, D = inputs.q.shape
-    K, S_pad = inputs.k.shape[1], inputs.k.shape[2]
-    group, bq, bk = H // K, static.block_q, static.block_k
-    nq, nk = T_pad // bq, S_pad // bk
-    schedule, counts = flat_schedule(inputs.visit)
-
-    def key_tile(b, i, j, schedule_ref):
-        return schedule_ref[(b * nq + i) * nk + j]
-
-    q_spec = pl.BlockSpec((None, group, bq, D), lambda b, kh, i, j, *_: (b, kh, i, 0))
-    row_spec = pl.BlockSpec((None, group, bq, 1), lambda b, kh, i, j, *_: (b, kh, i, 0))
-    kv_spec = pl.BlockSpec((None, None, bk, D), lambda b, kh, i, j, s, _: (b, kh, key_tile(b, i, j, s), 0))
+    group, bq = H // inputs.k.shape[1], static.block_q
+    g = query_tile_grid(inputs, static)  # the forward's grid: dq accumulates over the key tiles a query tile visits
     kernel = functools.partial(_dq_kernel, scale=static.scale, mask_kind=static.mask_kind,
                                precision=dot_precision(inputs.q.dtype))
     return pl.pallas_call(
         kernel,
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=2,
-            grid=(B, K, nq, nk),
-            in_specs=[q_spec, kv_spec, kv_spec,
-                      pl.BlockSpec((None, bq, 4), lambda b, kh, i, j, *_: (b, i, 0)),
-                      pl.BlockSpec((None, 4, bk), lambda b, kh, i, j, s, _: (b, 0, key_tile(b, i, j, s))),
-                      q_spec, row_spec, row_spec],
-            out_specs=q_spec,
+            grid=g.grid,
+            in_specs=[g.q_spec, g.kv_spec, g.kv_spec, *g.meta_specs, g.q_spec, g.row_spec, g.row_spec],
+            out_specs=g.q_spec,
             scratch_shapes=[pltpu.VMEM((group, bq, D), jnp.float32)]),
         out_shape=jax.ShapeDtypeStruct(inputs.q.shape, inputs.q.dtype),
         name="jf_flash_attention_tpu_dq",
         **compiler_params(static, ("parallel", "parallel", "parallel", "arbitrary")),
-    )(schedule, counts, inputs.q, inputs.k, inputs.v, inputs.q_cols, inputs.k_rows, do, lse, delta)
+    )(g.schedule, g.counts, inputs.q, inputs.k, inputs.v, inputs.q_cols, inputs.k_rows, do, lse, delta)
 
 
 def _dkv_call(inputs: TpuInputs, do, lse, delta, static: TpuStatic):

@@ -7,7 +7,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.support.gguf_models import tiny_model, write_gguf
+
+pytestmark = pytest.mark.slow  # three training runs and four evaluations in one process: ~2 minutes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
