@@ -86,10 +86,12 @@ def jf(*args: str) -> None:
 
 
 def responses_in(parts: list[str]) -> int:
-    """Responses the repetition filter kept in these trajectory directories."""
-    from jf_jax.training.trajectories import load_responses
+    """Responses the repetition filter kept in these trajectory directories, from their manifests (a shard's
+    prompts less the ones it filtered; reading every record again for each size would be the same count)."""
+    from jf_jax.training.trajectories import read_manifest
 
-    return sum(len(load_responses(p)) for p in parts)
+    return sum(s["prompt_end"] - s["prompt_start"] - s["num_filtered"] for p in parts
+               for s in read_manifest(p)["shards"])
 
 
 def main(argv=None) -> int:
