@@ -36,6 +36,15 @@ class BlockTrajectory:
         return self.states[-1]
 
 
+def iterate_view(out, start: int, count: int, draft, draft_len: int, n: int) -> tuple[np.ndarray, bool]:
+    """A block's trajectory state after an iteration, from one row's host state (its block began at output
+    ``start``): while it iterates, the n-token view ``accepted prefix ++ next draft``; once ``count`` reaches
+    ``start + n``, its fixed point (second value True)."""
+    if count < start + n:
+        return np.concatenate([out[start:count], draft[:draft_len]]), False
+    return out[start: start + n], True
+
+
 def record_trajectories(params: Params | DecodeView, cfg: ModelConfig, prompt_ids: Sequence[int], *, block_size: int,
                         max_new_tokens: int, eos_ids: Sequence[int] = (), seed: int = 0,
                         prompt_index: int = 0) -> list[BlockTrajectory]:
@@ -61,11 +70,12 @@ def record_trajectories(params: Params | DecodeView, cfg: ModelConfig, prompt_id
 
     def observe(row: int, before: JacobiState, after: JacobiState) -> bool:
         nonlocal context, states
-        start = int(before.block_start)
-        if int(after.count) < start + n:  # still iterating: the view is accepted prefix ++ next draft
-            states.append(np.concatenate([after.out[start: int(after.count)], after.draft[: int(after.draft_len)]]))
+        view, fixed_point = iterate_view(after.out, int(before.block_start), int(after.count), after.draft,
+                                         int(after.draft_len), n)
+        if not fixed_point:
+            states.append(view)
             return False
-        fixed = after.out[start: start + n]  # the block reached its fixed point
+        fixed = view
         blocks.append(BlockTrajectory(prompt_ids=context, states=np.stack(states + [fixed]).astype(np.int32)))
         context = np.concatenate([context, fixed]).astype(np.int32)
         states = [after.block_init]
@@ -195,9 +205,7 @@ def _iterate_blocks(params, cfg: ModelConfig, n: int, mesh, contexts, keys, bloc
         state = decoder.step(params, state)
         out, count, draft, draft_len = jax.device_get((state.out, state.count, state.draft, state.draft_len))
         for r in np.flatnonzero(running):
-            if count[r] < n:  # still iterating: the view is accepted prefix ++ next draft
-                states[r].append(np.concatenate([out[r, : count[r]], draft[r, : draft_len[r]]]))
-            else:
-                states[r].append(out[r, :n])
-                running[r] = False
+            view, fixed_point = iterate_view(out[r], 0, int(count[r]), draft[r], int(draft_len[r]), n)
+            states[r].append(view)
+            running[r] = not fixed_point
     return [np.stack(s).astype(np.int32) for s in states]
