@@ -11,6 +11,7 @@ The CLI (``python -m jf_jax.decode``) is a thin layer over these functions.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 from typing import Callable, Sequence
 
@@ -21,6 +22,7 @@ from jf_jax.decoding.common import GenerationError, GenerationResult
 from jf_jax.decoding.jacobi import generate_jacobi
 from jf_jax.decoding.multiblock import generate_mr
 from jf_jax.decoding.sampling import Sampling
+from jf_jax.decoding.shapes import DecodeShape, default_decode_shape, natural_shape
 from jf_jax.model.decode_view import decode_view
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -28,6 +30,27 @@ DEFAULT_MODEL = "smollm2-135m"
 # Every decoding method, imported directly: a decoder that fails to import fails ``import jf_jax`` loudly
 # instead of silently vanishing from ``--methods``.
 METHODS: dict[str, Callable[..., GenerationResult]] = {"ar": generate_ar, "jacobi": generate_jacobi, "mr": generate_mr}
+
+
+def run_shape(choice: str, runs, backend: str | None = None) -> DecodeShape | None:
+    """The decode shape (``decoding.shapes``) of a command's runs, ``runs`` being (method, options) pairs as passed
+    to ``METHODS[method]``: ``choice`` "auto" (``shapes.default_decode_shape``: padded on GPUs and TPUs), "off"
+    (None) or "RxW" (checked to cover every run). A GenerationError names a bad choice."""
+    def option(method, options, name):
+        return options.get(name, inspect.signature(METHODS[method]).parameters[name].default)
+
+    natural = [natural_shape(method, *(option(method, options, name) for name in
+                                       {"ar": (), "jacobi": ("block_size",),
+                                        "mr": ("block_size", "num_blocks", "pool_size")}[method]))
+               for method, options in runs]
+    if choice == "off":
+        return None
+    if choice == "auto":
+        return default_decode_shape(natural, backend)
+    shape = DecodeShape.parse(choice)
+    for (method, _), s in zip(runs, natural):
+        shape.check_covers(method, s.rows, s.width)
+    return shape
 
 
 @dataclasses.dataclass(frozen=True)

@@ -67,6 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "method gives the same tokens for the same --seed")
     p.add_argument("--top-k", type=int, help="sampling: keep the k most likely tokens (default 0: off)")
     p.add_argument("--top-p", type=float, help="sampling: keep the nucleus of this probability (default 1: off)")
+    p.add_argument("--decode-shape", default="auto",
+                   help="pad every decode forward to one shape, ROWSxWIDTH per prompt: 'auto' (on GPUs and TPUs the "
+                        "smallest shape covering every method run, so jacobi and mr give AR's tokens bit for bit; "
+                        "off on CPUs, whose decode path is invariant by construction), 'off', or e.g. 4x32")
     p.add_argument("--batch-size", type=int,
                    help="decode this many prompts at a time in one program (every method; tokens as decoded alone; "
                         f"default {DEFAULTS['batch_size']})")
@@ -137,6 +141,21 @@ def check_args(args) -> None:
     if args.stream and args.batch_size > 1:
         raise ValueError("--stream prints one prompt at a time: it needs --batch-size 1")
     check_values(args)
+    if not args.tune:
+        decode_shape(args, backend="cpu")  # the value and, for RxW, that it covers every method
+
+
+def decode_shape(args, backend: str | None = None):
+    """``--decode-shape`` for the methods of ``args`` (``api.run_shape``); a ValueError names it."""
+    from jf_jax.decoding.common import GenerationError
+    from jf_jax.api import run_shape
+
+    if "tuned" in (args.block_size, args.pool_size):
+        return None  # checked again once the tuned values are known
+    try:
+        return run_shape(args.decode_shape, [(m, method_options(m, args)) for m in selected_methods(args)], backend)
+    except GenerationError as e:
+        raise ValueError(f"--decode-shape: {e}") from None
 
 
 def check_values(args) -> None:
@@ -231,6 +250,8 @@ def run(args) -> dict:
         print(f"tuned configuration: block size {args.block_size}, pool size {args.pool_size}", file=sys.stderr)
         check_values(args)
     environment = resolve_dtype(args)
+    shape = decode_shape(args)
+    environment["decode_shape"] = None if shape is None else f"{shape.rows}x{shape.width}"
     print(f"loading {args.model} ({args.dtype}) ...", file=sys.stderr)
     model = api.load_model(args.model, dtype=args.dtype)
     runs = []
@@ -238,7 +259,7 @@ def run(args) -> dict:
     with tqdm(total=len(methods) * len(prompts), desc="decoding", unit="prompt", file=sys.stderr,
               disable=args.stream) as bar:
         for method in methods:
-            options = method_options(method, args)
+            options = dict(method_options(method, args), decode_shape=shape)
             if args.batch_size > 1:  # one call decodes every prompt, batch_size at a time
                 bar.set_postfix_str(f"{method} x{len(prompts)}")
                 completions = list(enumerate(api.generate(model, prompts, method=method, chat=not args.no_chat,

@@ -71,22 +71,26 @@ def evaluate_model(spec: str, prompt_sets: dict[str, list[dict]], math_rows: lis
                    block_sizes: tuple[int, ...], max_new_tokens: int, math_max_new_tokens: int, num_blocks: int = 2,
                    seed: int = 0, math_batch: int = 10, humaneval: list[dict] | None = None,
                    humaneval_max_new_tokens: int = 384, dtype: str = "float32", quality_dtype: str = "float32",
-                   sampling=None, model=None, train_sets: tuple[str, ...] = ()) -> dict:
+                   sampling=None, model=None, train_sets: tuple[str, ...] = (), decode_shape: str = "auto") -> dict:
     """Speed rows in ``dtype`` (every method against same-dtype AR: ``speedup_vs_ar`` is the ratio of tokens/s
     with the prefill, ``speedup_vs_ar_excl_prefill`` without), greedy or with ``sampling`` (a
     ``decoding.sampling.Sampling``; every method then samples AR's tokens for the seed); GSM8K and HumanEval
     accuracy of greedy AR in ``quality_dtype``. ``train_sets`` names the sets of ``prompt_sets`` the model trained
-    on (recorded beside the results; the others are held out)."""
+    on (recorded beside the results; the others are held out). ``decode_shape`` ("auto", "off" or "RxW",
+    ``api.run_shape``) is the one shape every speed run pads its forwards to."""
     from jf_jax.decoding.sampling import GREEDY
     from jf_jax.decoding.stats import add_speedups, match_fraction
 
-    from jf_jax.api import encode_prompts, load_model
+    from jf_jax.api import encode_prompts, load_model, run_shape
     from jf_jax.data.gsm import extract_answer, is_correct
 
+    runs = [(method, dict(options, num_blocks=num_blocks) if method == "mr" else options)
+            for _, method, options in speed_runs(methods, block_sizes)]
+    shape = run_shape(decode_shape, runs)
     model = model or load_model(spec, dtype=dtype)
     result = dict(model=spec, name=model.name, source=model.source, dtype=dtype, quality_dtype=quality_dtype,
                   sampling=(sampling or GREEDY).describe(), train_sets=list(train_sets), speed={}, math=None,
-                  humaneval=None)
+                  humaneval=None, decode_shape=None if shape is None else f"{shape.rows}x{shape.width}")
     for set_name, rows in prompt_sets.items():
         ids = encode_prompts(model, [r["prompt"] for r in rows])
         per_run = {}
@@ -94,7 +98,8 @@ def evaluate_model(spec: str, prompt_sets: dict[str, list[dict]], math_rows: lis
             if method == "mr":
                 options = dict(options, num_blocks=num_blocks)
             per_run[name] = _speed_one(model, method, ids, max_new_tokens=max_new_tokens,
-                                       options=dict(options, seed=seed, sampling=sampling or GREEDY))
+                                       options=dict(options, seed=seed, sampling=sampling or GREEDY,
+                                                    decode_shape=shape))
             per_run[name]["block_size"] = options.get("block_size")
         if "ar" in per_run:
             for m in per_run.values():
@@ -283,6 +288,11 @@ def main(argv=None) -> int:
     p.add_argument("--temperature", type=float, default=0.0, help="speed runs: sample (0: greedy)")
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--decode-shape", default="auto",
+                   help="pad every decode forward of the speed runs to one shape, ROWSxWIDTH per prompt: 'auto' (on "
+                        "GPUs and TPUs, the smallest shape covering every run, so each token gets the same bits in "
+                        "every method; off on CPUs, whose decode path is invariant by construction), 'off', or e.g. "
+                        "4x64 (jf_jax.decoding.shapes)")
     p.add_argument("--out", required=True, help="output path without extension (writes .json and .md)")
     args = p.parse_args(argv)
     problem = out_error(args.out)  # before any work: the reports are written at the end, maybe hours later
@@ -290,7 +300,16 @@ def main(argv=None) -> int:
         print(f"error: cannot write --out {args.out}: {problem}", file=sys.stderr)
         return 2
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    from jf_jax.api import run_shape
+    from jf_jax.decoding.common import GenerationError
     from jf_jax.decoding.sampling import Sampling
+
+    try:
+        run_shape(args.decode_shape, [(m, dict(options, num_blocks=args.num_blocks) if m == "mr" else options)
+                                      for _, m, options in speed_runs(methods, args.block_size)], backend="cpu")
+    except GenerationError as e:
+        print(f"error: --decode-shape: {e}", file=sys.stderr)
+        return 2
 
     sampling = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     names = [prompt_set_name(f) for f in args.prompts + args.train_prompts]
@@ -314,7 +333,7 @@ def main(argv=None) -> int:
                              max_new_tokens=args.max_new_tokens, math_max_new_tokens=args.math_max_new_tokens,
                              num_blocks=args.num_blocks, seed=args.seed, math_batch=args.math_batch,
                              humaneval=humaneval, humaneval_max_new_tokens=args.humaneval_max_new_tokens,
-                             train_sets=train_sets)
+                             train_sets=train_sets, decode_shape=args.decode_shape)
         res["seconds"] = time.perf_counter() - start
         results.append(res)
         for set_name, per_method in res["speed"].items():

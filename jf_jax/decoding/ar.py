@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from jf_jax.decoding.common import (GenerationResult, StopReason, eos_array, is_eos, prepare_prompts)
 from jf_jax.decoding.runner import BlockDecoder, OnTokens, decode_prompts, keep_if_done, per_row
 from jf_jax.decoding.sampling import GREEDY, Sampling, choose
+from jf_jax.decoding.shapes import DecodeShape, fixed_forward
 from jf_jax.model.config import ModelConfig
 from jf_jax.model.decode_jit import decode_jit
 from jf_jax.model.decode_view import DecodeView
@@ -27,15 +28,24 @@ from jf_jax.model.token_meta import causal_meta
 from jf_jax.model.transformer import forward, logits
 
 
-@decode_jit(static_argnames=("cfg", "capacity"))
-def prefill(params: Params, cfg: ModelConfig, tokens, lengths, capacity: int):
-    """Forwards right-padded prompts [B, P] into a fresh cache; returns (cache, next-token logits [B, V])."""
+@decode_jit(static_argnames=("cfg", "capacity", "width"))
+def prefill(params: Params, cfg: ModelConfig, tokens, lengths, capacity: int, width: int | None = None):
+    """Forwards right-padded prompts [B, P] into a fresh cache; returns (cache, next-token logits [B, V]).
+
+    With a fixed decode shape's ``width`` W (``decoding.shapes``) the forward has P + W tokens (the last W are
+    padding), attends over the whole cache and computes the logits of W positions from the prompt's last, exactly
+    as the Jacobi prefill does at that width, and returns the first of them."""
     B, P = tokens.shape
-    positions = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32), (B, P))
+    T = P + (width or 0)
+    tokens = jnp.pad(tokens, ((0, 0), (0, T - P)))
+    positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
     meta = causal_meta(positions, valid=positions < lengths[:, None])
-    hidden, cache = forward(params, cfg, tokens, meta=meta, cache=KVCache.init(cfg, B, capacity))
-    last = hidden[jnp.arange(B), lengths - 1]  # [B, D]
-    return cache.with_lengths(lengths), logits(params, cfg, last)
+    hidden, cache = forward(params, cfg, tokens, meta=meta, cache=KVCache.init(cfg, B, capacity),
+                            whole_cache=width is not None)
+    if width is None:
+        return cache.with_lengths(lengths), logits(params, cfg, hidden[jnp.arange(B), lengths - 1])  # [B, V]
+    rows = jax.vmap(lambda h, length: jax.lax.dynamic_slice_in_dim(h, length - 1, width))(hidden, lengths)
+    return cache.with_lengths(lengths), logits(params, cfg, rows)[:, 0]
 
 
 @jax.tree_util.register_dataclass
@@ -71,7 +81,7 @@ class ARDecoder(BlockDecoder):
         """The prefill and the first token (chosen at position ``prompt_len``); ``keys`` (drafts) are unused."""
         del keys
         B = prompts.shape[0]
-        cache, first_logits = prefill(params, self.cfg, prompts, prompt_lens, capacity)
+        cache, first_logits = prefill(params, self.cfg, prompts, prompt_lens, capacity, self.prefill_width)
         first = choose(self.sampling, first_logits, cache.lengths, sample_keys)
         eos_ids = jnp.broadcast_to(eos_ids, (B,) + eos_ids.shape)
         max_new = per_row(max_new, B)
@@ -83,8 +93,14 @@ class ARDecoder(BlockDecoder):
                        max_new=max_new, eos_ids=eos_ids, forwards=jnp.ones((B,), jnp.int32), stop=stop)
 
     def _step(self, params, s: ARState) -> ARState:
-        hidden, cache = forward(params, self.cfg, s.last[:, None], cache=s.cache)
-        nxt = choose(self.sampling, logits(params, self.cfg, hidden[:, 0]), s.cache.lengths + 1, s.sample_key)
+        if self.shape is None:
+            hidden, cache = forward(params, self.cfg, s.last[:, None], cache=s.cache)
+            nxt = choose(self.sampling, logits(params, self.cfg, hidden[:, 0]), s.cache.lengths + 1, s.sample_key)
+        else:  # the token as row 0, column 0 of the run's fixed decode shape
+            one = s.last[:, None, None]
+            g, k, v = fixed_forward(params, self.cfg, self.shape, one, jnp.ones(one.shape, bool), s.cache,
+                                    self.sampling, s.sample_key)
+            nxt, cache = g[:, 0, 0], s.cache.write(k[:, :, 0], v[:, :, 0])
         active = ~s.done
         cache = cache.commit(active.astype(jnp.int32))  # a finished row keeps its length: its write is dead
 
@@ -105,15 +121,19 @@ class ARDecoder(BlockDecoder):
 def generate_ar(params: Params | DecodeView, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                 eos_ids: Sequence[int], batch_size: int = 1, driver: str = "compiled", warmup: bool = True,
                 sampling: Sampling = GREEDY, seed: int = 0, first_index: int = 0,
-                on_tokens: OnTokens | None = None, mesh=None) -> GenerationResult:
+                on_tokens: OnTokens | None = None, mesh=None,
+                decode_shape: DecodeShape | None = None) -> GenerationResult:
     """AR decoding of token-id prompts, ``batch_size`` at a time (``runner.decode_prompts``: a short last batch is
     padded with finished rows). Greedy by default; with a ``sampling`` temperature > 0, prompt i samples with
     ``sampling_key(seed, first_index + i)`` whatever its batch (``first_index``: where this call's prompts start in
     a request decoded in several calls). With ``warmup`` the programs are compiled first, so ``seconds`` excludes
     compilation; ``driver="python"`` streams accepted tokens to ``on_tokens(prompt_index, ids)``; ``mesh`` splits
-    each batch's rows over devices (``runner.decode_prompts``)."""
-    prep = prepare_prompts(cfg, prompts, max_new_tokens, lookahead=1)
-    decoder = ARDecoder(cfg, 1, sampling=sampling)
+    each batch's rows over devices (``runner.decode_prompts``); ``decode_shape`` pads every forward to that shape
+    (``decoding.shapes``: the same shape as the Jacobi / multi-block runs it is compared with)."""
+    if decode_shape is not None:
+        decode_shape.check_covers("ar", 1, 1)
+    prep = prepare_prompts(cfg, prompts, max_new_tokens, lookahead=1 if decode_shape is None else decode_shape.width)
+    decoder = ARDecoder(cfg, 1, sampling=sampling, shape=decode_shape)
     result = decode_prompts(decoder, params, prep, eos_array(eos_ids), seed=seed, batch_size=batch_size,
                             driver=driver, warmup=warmup, on_tokens=on_tokens, first_index=first_index, mesh=mesh)
     result.stats.pop("block_size")

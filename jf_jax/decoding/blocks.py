@@ -75,28 +75,32 @@ def emit(out, count, tokens, num):
 
 
 def prefill_draft(params: Params, cfg: ModelConfig, prompts, prompt_lens, guesses, capacity: int,
-                  sampling: Sampling, sample_keys):
+                  sampling: Sampling, sample_keys, width: int | None = None):
     """The prefill-drafting trick, for B rows: forwards ``prompt[:prompt_len] ++ guesses`` (n guesses) of each row
     into a fresh cache.
 
     prompts [B, P], prompt_lens [B], guesses [B, n], sample_keys [B, 2]. Returns the cache holding only the prompts
     (the guesses' KV is dropped) and per row the n tokens chosen from ``logits[P-1 : P+n-1]`` (positions P ..
-    P+n-1) [B, n]: the true first response token followed by a once-refined draft.
+    P+n-1) [B, n]: the true first response token followed by a once-refined draft. With a fixed decode shape of
+    ``width`` W >= n (``decoding.shapes``) the forward has P + W tokens, attends over the whole cache and computes
+    the logits of W positions, as AR's prefill does at that width.
     """
     B, n = guesses.shape
-    T = prompts.shape[1] + n
+    W = n if width is None else width
+    T = prompts.shape[1] + W
 
     def row_tokens(prompt, prompt_len, row_guesses):
-        tokens = jax.lax.dynamic_update_slice(jnp.pad(prompt, (0, n)), row_guesses, (prompt_len,))
+        tokens = jax.lax.dynamic_update_slice(jnp.pad(prompt, (0, W)), row_guesses, (prompt_len,))
         return jnp.where(jnp.arange(T) < prompt_len + n, tokens, 0)
 
     tokens = jax.vmap(row_tokens)(prompts, prompt_lens, guesses)
     positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
     meta = causal_meta(positions, valid=positions < (prompt_lens + n)[:, None])
-    hidden, cache = forward(params, cfg, tokens, meta=meta, cache=KVCache.init(cfg, B, capacity))
-    rows = jax.vmap(lambda h, length: jax.lax.dynamic_slice_in_dim(h, length - 1, n))(hidden, prompt_lens)
-    chosen = choose(sampling, logits(params, cfg, rows), prompt_lens[:, None] + jnp.arange(n), sample_keys)
-    return cache.with_lengths(prompt_lens), chosen
+    hidden, cache = forward(params, cfg, tokens, meta=meta, cache=KVCache.init(cfg, B, capacity),
+                            whole_cache=width is not None)
+    rows = jax.vmap(lambda h, length: jax.lax.dynamic_slice_in_dim(h, length - 1, W))(hidden, prompt_lens)
+    chosen = choose(sampling, logits(params, cfg, rows), prompt_lens[:, None] + jnp.arange(W), sample_keys)
+    return cache.with_lengths(prompt_lens), chosen[:, :n]
 
 
 class BlockStart(NamedTuple):
@@ -114,14 +118,14 @@ class BlockStart(NamedTuple):
 
 
 def start_blocks(params: Params, cfg: ModelConfig, n: int, sampling: Sampling, prompts, prompt_lens, keys,
-                 sample_keys, eos_ids, out_capacity: int, capacity: int) -> BlockStart:
-    """Draws n guesses per row from its prompt (with ``block_key(key, 0)``), runs ``prefill_draft`` and emits an EOS
-    first token."""
+                 sample_keys, eos_ids, out_capacity: int, capacity: int, width: int | None = None) -> BlockStart:
+    """Draws n guesses per row from its prompt (with ``block_key(key, 0)``), runs ``prefill_draft`` (at a fixed
+    decode shape's ``width``, if any) and emits an EOS first token."""
     B = prompts.shape[0]
     out = jnp.full((B, out_capacity), -1, jnp.int32)
     guesses = jax.vmap(lambda k, p, pl, o: draw_context(block_key(k, 0), p, pl, o, 0, n))(keys, prompts, prompt_lens,
                                                                                          out)
-    cache, first = prefill_draft(params, cfg, prompts, prompt_lens, guesses, capacity, sampling, sample_keys)
+    cache, first = prefill_draft(params, cfg, prompts, prompt_lens, guesses, capacity, sampling, sample_keys, width)
     first_eos = is_eos(first[:, 0], eos_ids)
     out = jnp.where(first_eos[:, None], jax.vmap(lambda o, f: emit(o, 0, f, 1))(out, first), out)
     return BlockStart(key=keys, sample_key=sample_keys, guesses=guesses, first=first, first_eos=first_eos, out=out,

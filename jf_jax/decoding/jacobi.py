@@ -32,6 +32,7 @@ from jf_jax.decoding.blocks import (block_key, cap_accepted, draw_context, emit,
                                     start_blocks, step_stop)
 from jf_jax.decoding.common import GenerationResult, check_int, eos_array, is_eos, prepare_prompts
 from jf_jax.decoding.sampling import GREEDY, Sampling, choose
+from jf_jax.decoding.shapes import DecodeShape, fixed_forward
 from jf_jax.decoding.runner import MAX_BLOCK_SIZE, BlockDecoder, OnTokens, decode_prompts, keep_if_done, per_row
 from jf_jax.model.config import ModelConfig
 from jf_jax.model.decode_jit import decode_jit
@@ -84,7 +85,7 @@ class JacobiDecoder(BlockDecoder):
         n = self.block_size
         B = prompts.shape[0]
         b = start_blocks(params, self.cfg, n, self.sampling, prompts, prompt_lens, keys, sample_keys, eos_ids,
-                         out_capacity, capacity)
+                         out_capacity, capacity, self.prefill_width)
         rows = functools.partial(per_row, batch=B)
         return JacobiState(
             draft=b.first, draft_len=rows(n), block_init=b.guesses, out=b.out, count=b.first_eos.astype(jnp.int32),
@@ -96,10 +97,15 @@ class JacobiDecoder(BlockDecoder):
     def _step(self, params: Params, s: JacobiState) -> JacobiState:
         n = self.block_size
         j = jnp.arange(n)
-        positions = s.cache.lengths[:, None] + j
-        meta = causal_meta(positions, valid=j < s.draft_len[:, None])
-        hidden, cache = forward(params, self.cfg, s.draft, meta=meta, cache=s.cache)
-        g = choose(self.sampling, logits(params, self.cfg, hidden), positions + 1, s.sample_key)  # [B, n]
+        if self.shape is None:
+            positions = s.cache.lengths[:, None] + j
+            meta = causal_meta(positions, valid=j < s.draft_len[:, None])
+            hidden, cache = forward(params, self.cfg, s.draft, meta=meta, cache=s.cache)
+            g = choose(self.sampling, logits(params, self.cfg, hidden), positions + 1, s.sample_key)  # [B, n]
+        else:  # the draft as row 0 of the run's fixed decode shape
+            g, k, v = fixed_forward(params, self.cfg, self.shape, s.draft[:, None],
+                                    (j < s.draft_len[:, None])[:, None], s.cache, self.sampling, s.sample_key)
+            g, cache = g[:, 0], s.cache.write(k[:, :, 0], v[:, :, 0])
         rows, accepted = jax.vmap(self._advance)(dataclasses.replace(s, cache=None), g)
         return dataclasses.replace(rows, cache=cache.commit(accepted))
 
@@ -145,16 +151,21 @@ def generate_jacobi(params: Params | DecodeView, cfg: ModelConfig, prompts: Sequ
                     batch_size: int = 1, warmup: bool = True, driver: str = "compiled",
                     on_tokens: OnTokens | None = None,
                     on_step: Callable[[int, JacobiState, JacobiState], None] | None = None,
-                    sampling: Sampling = GREEDY, first_index: int = 0) -> GenerationResult:
+                    sampling: Sampling = GREEDY, first_index: int = 0,
+                    decode_shape: DecodeShape | None = None) -> GenerationResult:
     """Jacobi decoding of token-id prompts (greedy, or sampled with ``sampling``: the same tokens as AR with the
     same ``sampling`` and ``seed``; ``first_index`` as in ``runner.decode_prompts``), ``batch_size`` prompts at a
     time (each row with its own block, acceptance, cache length and stop; shapes are bucketed so new prompts reuse
     the compiled programs).
     ``driver="python"`` steps from the host and may stream, ``on_tokens(prompt_index, new_ids)``, and observe,
     ``on_step(prompt_index, before, after)`` (one-row views of the state). ``forwards`` counts the prefill;
-    ``stats`` holds per-prompt and total statistics (``decoding.stats``)."""
+    ``stats`` holds per-prompt and total statistics (``decoding.stats``); ``decode_shape`` pads every forward to
+    that shape (``decoding.shapes``)."""
     n = check_int("block_size", block_size, 1, MAX_BLOCK_SIZE)
-    prep = prepare_prompts(cfg, prompts, max_new_tokens, lookahead=n)
-    return decode_prompts(JacobiDecoder(cfg, n, sampling=sampling), params, prep, eos_array(eos_ids),
+    if decode_shape is not None:
+        decode_shape.check_covers("jacobi", 1, n)
+    prep = prepare_prompts(cfg, prompts, max_new_tokens, lookahead=n if decode_shape is None else decode_shape.width)
+    return decode_prompts(JacobiDecoder(cfg, n, sampling=sampling, shape=decode_shape), params, prep,
+                          eos_array(eos_ids),
                           seed=seed, batch_size=batch_size, driver=driver, warmup=warmup, on_tokens=on_tokens,
                           on_step=on_step, settings=dict(method="jacobi"), first_index=first_index)

@@ -37,6 +37,7 @@ from jf_jax.decoding.blocks import (block_key, cap_accepted, context_ids, draw_c
 from jf_jax.decoding.common import GenerationError, GenerationResult, check_int, eos_array, is_eos, prepare_prompts
 from jf_jax.decoding.recycling import build_candidates, forward_rows, harvest, pick_winner, push
 from jf_jax.decoding.sampling import GREEDY, Sampling
+from jf_jax.decoding.shapes import DecodeShape, fixed_forward
 from jf_jax.decoding.runner import MAX_BLOCK_SIZE, BlockDecoder, OnTokens, decode_prompts, keep_if_done, per_row
 from jf_jax.model.config import ModelConfig
 from jf_jax.model.decode_jit import decode_jit
@@ -101,7 +102,7 @@ class MRDecoder(BlockDecoder):
         n, W, S = self.block_size, self.width, self.pool_size
         B = prompts.shape[0]
         b = start_blocks(params, self.cfg, n, self.sampling, prompts, prompt_lens, keys, sample_keys, eos_ids,
-                         out_capacity, capacity)
+                         out_capacity, capacity, self.prefill_width)
         rows = functools.partial(per_row, batch=B)
         return MRState(
             row=jnp.pad(b.first, ((0, 0), (0, W - n))), row_len=rows(n), ra_len=rows(n), n_pa=rows(0),
@@ -117,13 +118,17 @@ class MRDecoder(BlockDecoder):
         """One forward of ``rows`` [B, R, W] (R rows per prompt, sharing its cache row); returns per prompt the
         winning row [B, W], its predictions, its new KV [L, B, W, K, Dh] and its index [B]."""
         B, R, W = rows.shape
-        valid = jnp.repeat(jnp.arange(W) < s.row_len[:, None], R, axis=0)
-        g, k, v = forward_rows(params, self.cfg, rows.reshape(B * R, W), valid, s.cache, self.sampling,
-                               jnp.repeat(s.sample_key, R, axis=0))
+        if self.shape is None:
+            valid = jnp.repeat(jnp.arange(W) < s.row_len[:, None], R, axis=0)
+            g, k, v = forward_rows(params, self.cfg, rows.reshape(B * R, W), valid, s.cache, self.sampling,
+                                   jnp.repeat(s.sample_key, R, axis=0))
+        else:  # padded to the run's fixed decode shape
+            valid = jnp.broadcast_to((jnp.arange(W) < s.row_len[:, None])[:, None], (B, R, W))
+            g, k, v = fixed_forward(params, self.cfg, self.shape, rows, valid, s.cache, self.sampling, s.sample_key)
         g = g.reshape(B, R, W)
         win = jax.vmap(pick_winner)(rows, g, s.row_len, s.ra_len)
         b = jnp.arange(B)
-        pick = lambda x: x.reshape((x.shape[0], B, R) + x.shape[2:])[:, b, win]  # noqa: E731
+        pick = lambda x: x.reshape((x.shape[0], B, R) + x.shape[-3:])[:, b, win]  # noqa: E731
         return rows[b, win], g[b, win], pick(k), pick(v), win
 
     def _step(self, params: Params, s: MRState) -> MRState:
@@ -133,7 +138,10 @@ class MRDecoder(BlockDecoder):
                 s.pool, s.pool_len, s.pool_next, s.row, s.ra_len)
             many = lambda _: self._verify(params, s, jnp.concatenate([s.row[:, None], cands], axis=1))  # noqa: E731
             recycled = found.any(axis=-1)
-            d, g, k_new, v_new, win = jax.lax.cond(jnp.any(recycled & ~s.done), many, one, None)
+            if self.shape is None:
+                d, g, k_new, v_new, win = jax.lax.cond(jnp.any(recycled & ~s.done), many, one, None)
+            else:  # one program shape: rows without a candidate repeat the draft, which wins their ties
+                d, g, k_new, v_new, win = many(None)
         else:
             recycled = jnp.zeros_like(s.done)
             d, g, k_new, v_new, win = one(None)
@@ -211,19 +219,24 @@ def generate_mr(params: Params | DecodeView, cfg: ModelConfig, prompts: Sequence
                 eos_ids: Sequence[int], block_size: int = 64, num_blocks: int = 2, spawn_ratio: float = 0.85,
                 pool_size: int = 4, seed: int = 0, batch_size: int = 1, warmup: bool = True, driver: str = "compiled",
                 on_tokens: OnTokens | None = None, on_step: Callable[[int, MRState, MRState], None] | None = None,
-                sampling: Sampling = GREEDY, first_index: int = 0) -> GenerationResult:
+                sampling: Sampling = GREEDY, first_index: int = 0,
+                decode_shape: DecodeShape | None = None) -> GenerationResult:
     """Multi-block Jacobi decoding with rejection recycling ("mr"), ``batch_size`` prompts at a time on bucketed
     shapes (with recycling, a forward verifies ``pool_size`` rows per prompt whenever any prompt has candidates).
     ``pool_size`` is the verification size: up to ``pool_size - 1`` recycled candidates are verified beside the
     draft (1 disables recycling); ``num_blocks=1`` disables multi-block. Drivers, streaming, observing and
-    ``sampling`` as ``generate_jacobi``."""
+    ``sampling`` and ``decode_shape`` as ``generate_jacobi``."""
     n = check_int("block_size", block_size, 1, MAX_BLOCK_SIZE)
     num_blocks = check_int("num_blocks", num_blocks, 1, MAX_NUM_BLOCKS)
     pool_size = check_int("pool_size", pool_size, 1, MAX_POOL_SIZE)
     if isinstance(spawn_ratio, bool) or not isinstance(spawn_ratio, (int, float)) or not 0 < spawn_ratio <= 1:
         raise GenerationError(f"spawn_ratio must be a number in (0, 1], got {spawn_ratio!r}")
-    prep = prepare_prompts(cfg, prompts, max_new_tokens, lookahead=n * num_blocks)
-    decoder = MRDecoder(cfg, n, num_blocks, max(1, math.ceil(spawn_ratio * n - 1e-9)), pool_size, sampling=sampling)
+    if decode_shape is not None:
+        decode_shape.check_covers("mr", pool_size, n * num_blocks)
+    prep = prepare_prompts(cfg, prompts, max_new_tokens,
+                           lookahead=n * num_blocks if decode_shape is None else decode_shape.width)
+    decoder = MRDecoder(cfg, n, num_blocks, max(1, math.ceil(spawn_ratio * n - 1e-9)), pool_size, sampling=sampling,
+                        shape=decode_shape)
     settings = dict(method="mr", num_blocks=num_blocks, spawn_ratio=float(spawn_ratio),
                     spawn_threshold=decoder.spawn_threshold, pool_size=pool_size)
     return decode_prompts(decoder, params, prep, eos_array(eos_ids), seed=seed, batch_size=batch_size,

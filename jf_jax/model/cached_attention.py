@@ -187,3 +187,46 @@ def cached_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths, *, c
     total_l, total_acc = _fold(total_l, total_acc, sums, acc)
     out = total_acc / jnp.where(total_l > 0, total_l, 1.0)[..., None]  # [B, K, G, T, Dh]
     return out.transpose(0, 3, 1, 2, 4).reshape(B, T, H, Dh).astype(q.dtype)
+
+
+def whole_cache_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths):
+    """The semantics of ``cached_attention`` computed by one program shape per forward shape: each query row's block
+    is written into its own copy of its cache row at the committed length, and every query attends over all S
+    slots in position order (slot s is visible to the query at position p iff s <= p and s holds a committed key
+    or a valid key of the block).
+
+    Fixed-shape decoding (``decoding.shapes``) uses it: when every decode forward of a run has one shape, a query's
+    keys occupy the same slots whether earlier forwards committed them or its own block carries them, so each
+    reduction sees the same operands in the same positions, with exact zeros where a slot is invisible, and a
+    backend's kernels (chosen by shape) give the token the same bits in any method. It reads the whole cache every
+    forward (no prefix-length switch), which costs little where the weights, not the cache, bound a step.
+    Shapes as ``cached_attention``; requires ``lengths + T <= S``.
+    """
+    B, T, H, Dh = q.shape
+    Bc, S, K, _ = cache_k.shape
+    if Bc < 1 or B % Bc:
+        raise ValueError(f"cache has {Bc} rows for {B} query rows (expected a divisor of {B})")
+    G = H // K
+    cache_rows = jnp.arange(B) // (B // Bc)
+    row_len = jnp.broadcast_to(jnp.asarray(lengths, jnp.int32), (Bc,))[cache_rows]  # [B]
+
+    def own_copy(cached, new, length):  # [S, K, Dh], [T, K, Dh]: the row's block written at its length
+        return jax.lax.dynamic_update_slice(cached, new.astype(cached.dtype), (length, 0, 0))
+
+    keys = jax.vmap(own_copy)(cache_k[cache_rows], k_new, row_len)  # [B, S, K, Dh]
+    values = jax.vmap(own_copy)(cache_v[cache_rows], v_new, row_len)
+    slots = jnp.arange(S, dtype=jnp.int32)
+    rel = slots[None, :] - row_len[:, None]  # [B, S] slot's index in the block
+    in_block = (rel >= 0) & (rel < T)
+    key_ok = (rel < 0) | (in_block & jnp.take_along_axis(new_valid, jnp.clip(rel, 0, T - 1), axis=1))
+    q_pos = row_len[:, None] + jnp.arange(T, dtype=jnp.int32)  # [B, T]
+    visible = (key_ok[:, None, :] & (slots[None, None, :] <= q_pos[:, :, None]))[:, None, None]  # [B, 1, 1, T, S]
+    scores = jnp.einsum("btkgd,bskd->bkgts", q.reshape(B, T, K, G, Dh), keys,
+                        preferred_element_type=jnp.float32) * (1.0 / math.sqrt(Dh))
+    scores = jnp.where(visible, scores, _MASKED)
+    m = jnp.max(scores, axis=-1, keepdims=True)
+    p = jnp.where(visible, jnp.exp(scores - m), 0.0)
+    total = jnp.sum(p, axis=-1)
+    acc = jnp.einsum("bkgts,bskd->bkgtd", p.astype(values.dtype), values, preferred_element_type=jnp.float32)
+    out = acc / jnp.where(total > 0, total, 1.0)[..., None]
+    return out.transpose(0, 3, 1, 2, 4).reshape(B, T, H, Dh).astype(q.dtype)

@@ -24,7 +24,7 @@ from jf_jax.model.config import ModelConfig
 from jf_jax.model.decode_view import MATMUL_WEIGHTS, DecodeView, Shards
 from jf_jax.model.kv_cache import KVCache
 from cpu_kernels import PackedWeight
-from jf_jax.model.cached_attention import cached_attention
+from jf_jax.model.cached_attention import cached_attention, whole_cache_attention
 from jf_jax.model.quantize import Int8Weight
 from jf_jax.model.token_meta import causal_meta
 from jf_jax.model.weight_matmul import ROW_TILES, matmul
@@ -65,9 +65,11 @@ def _projections(layer: Params, h, fused: str, names, shapes, equation: str, dty
     return [part.reshape(h.shape[:2] + s) for part, s in zip(jnp.split(out, ends[:-1], axis=-1), shapes)]
 
 
-def _layer(cfg: ModelConfig, x, layer: Params, rope_tabs, q_meta, cache_kv, mask_kind, row_tile):
+def _layer(cfg: ModelConfig, x, layer: Params, rope_tabs, q_meta, cache_kv, mask_kind, row_tile,
+           whole_cache: bool = False):
     """One decoder layer. x: [B, T, D]; ``cache_kv`` is None (attention among the tokens, by ``q_meta``) or this
-    layer's (cached keys, cached values, lengths). Returns the new x and this layer's new (k, v) [B, T, K, Dh]."""
+    layer's (cached keys, cached values, lengths), read by ``cached_attention`` or, with ``whole_cache``,
+    ``whole_cache_attention``. Returns the new x and this layer's new (k, v) [B, T, K, Dh]."""
     dt = cfg.compute_dtype
 
     with jax.named_scope("attention"):
@@ -88,7 +90,8 @@ def _layer(cfg: ModelConfig, x, layer: Params, rope_tabs, q_meta, cache_kv, mask
             attn = _attend(cfg, q, k, v, q_meta, q_meta, mask_kind)  # [B, T, H, Dh]
         else:
             cached_k, cached_v, lengths = cache_kv  # [Bc, S, K, Dh] twice, [Bc]
-            attn = cached_attention(q, k, v, q_meta.segment >= 0, cached_k, cached_v, lengths)
+            attend = whole_cache_attention if whole_cache else cached_attention
+            attn = attend(q, k, v, q_meta.segment >= 0, cached_k, cached_v, lengths)
         x = x + matmul("bthk,hkd->btd", attn, layer["wo"], dt, row_tile).astype(dt)
 
     with jax.named_scope("mlp"):
@@ -146,7 +149,7 @@ def _scan_layers(layers: dict, remat: bool, body, x, cache: KVCache | None):
 
 
 def _stack(params: Params | DecodeView, cfg: ModelConfig, tokens, positions, q_meta: TokenMeta, cache: KVCache | None,
-           mask_kind: str):
+           mask_kind: str, whole_cache: bool = False):
     """Embedding, every layer and the final norm. Returns (hidden, new keys, new values [L, B, T, K, Dh]).
 
     With a cache the tokens attend through ``cached_attention``; a cache of Bc rows serves B rows of ``tokens``
@@ -155,7 +158,7 @@ def _stack(params: Params | DecodeView, cfg: ModelConfig, tokens, positions, q_m
     """
     B, T = tokens.shape
     if cache is not None and B * T == 1:
-        x, new_k, new_v = _stack(params, cfg, *_pad_one_row(tokens, positions, q_meta), cache, mask_kind)
+        x, new_k, new_v = _stack(params, cfg, *_pad_one_row(tokens, positions, q_meta), cache, mask_kind, whole_cache)
         return x[:, :1], new_k[:, :, :1], new_v[:, :, :1]
     layout = _layout(params, cfg)
     x = layout.embed.astype(cfg.compute_dtype)[tokens]  # [B, T, D]
@@ -165,7 +168,7 @@ def _stack(params: Params | DecodeView, cfg: ModelConfig, tokens, positions, q_m
         layer, cache_kv = per_layer
         if cache_kv is not None:
             cache_kv = cache_kv + (cache.lengths,)
-        return _layer(cfg, x, layer, rope_tabs, q_meta, cache_kv, mask_kind, layout.row_tile)
+        return _layer(cfg, x, layer, rope_tabs, q_meta, cache_kv, mask_kind, layout.row_tile, whole_cache)
 
     x, new_k, new_v = layout.run_layers(body, x, cache)
     return rms_norm(x, layout.final_norm, cfg.rms_norm_eps), new_k, new_v
@@ -192,7 +195,7 @@ def _default_positions(tokens, meta, cache):
 
 
 def forward(params: Params | DecodeView, cfg: ModelConfig, tokens, positions=None, *, meta: TokenMeta | None = None,
-            cache: KVCache | None = None, mask_kind: str = MASK_NOISE_CONDITIONED):
+            cache: KVCache | None = None, mask_kind: str = MASK_NOISE_CONDITIONED, whole_cache: bool = False):
     """Runs the decoder stack and returns ``(hidden [B, T, D], cache)``. ``params`` is the declared stacked tree
     (layers under ``lax.scan``) or a ``DecodeView`` (per-layer weights in a Python loop); both give the same
     result.
@@ -201,24 +204,26 @@ def forward(params: Params | DecodeView, cfg: ModelConfig, tokens, positions=Non
     ``cache.lengths + arange(T)`` with a cache and ``arange(T)`` without. meta: per-token mask data of the
     tokens (default: plain causal tokens at ``positions``). With a cache, the returned cache holds the
     block's keys/values written at the old lengths, which are *not* advanced (see ``KVCache.commit``).
+    ``whole_cache``: attention over every cache slot in position order (fixed-shape decoding, ``decoding.shapes``).
     """
     tokens = jnp.asarray(tokens, jnp.int32)
     positions = jnp.asarray(_default_positions(tokens, meta, cache) if positions is None else positions, jnp.int32)
     q_meta = causal_meta(positions) if meta is None else meta
-    x, new_k, new_v = _stack(params, cfg, tokens, positions, q_meta, cache, mask_kind)
+    x, new_k, new_v = _stack(params, cfg, tokens, positions, q_meta, cache, mask_kind, whole_cache)
     if cache is not None:
         cache = cache.write(new_k, new_v)
     return x, cache
 
 
-def forward_shared_prefix(params: Params | DecodeView, cfg: ModelConfig, tokens, cache: KVCache, valid=None):
+def forward_shared_prefix(params: Params | DecodeView, cfg: ModelConfig, tokens, cache: KVCache, valid=None,
+                          whole_cache: bool = False):
     """Forwards candidate rows [Bc*R, W] over the committed prefix of a cache of Bc rows, R rows per cache row
     (rows ``b*R ... b*R + R - 1`` read cache row b; Bc == 1: every row shares one).
 
     Row r's tokens sit at positions ``lengths[r // R] + arange(W)``; ``valid`` [Bc*R, W] (default all) marks
     padding queries as False. A cache row is shared by its R rows inside each layer (never copied per row)
     and not written: returns (hidden [Bc*R, W, D], new keys, new values [L, Bc*R, W, K, Dh]) so the caller can
-    write back only the row it keeps (rejection recycling).
+    write back only the row it keeps (rejection recycling). ``whole_cache`` as in ``forward``.
     """
     tokens = jnp.asarray(tokens, jnp.int32)
     rows, W = tokens.shape
@@ -228,7 +233,7 @@ def forward_shared_prefix(params: Params | DecodeView, cfg: ModelConfig, tokens,
     starts = jnp.repeat(cache.lengths, rows // cache.batch_size)
     positions = starts[:, None] + jnp.arange(W, dtype=jnp.int32)
     q_meta = causal_meta(positions, valid=None if valid is None else jnp.broadcast_to(valid, (rows, W)))
-    return _stack(params, cfg, tokens, positions, q_meta, cache, MASK_NOISE_CONDITIONED)
+    return _stack(params, cfg, tokens, positions, q_meta, cache, MASK_NOISE_CONDITIONED, whole_cache)
 
 
 def logits(params: Params | DecodeView, cfg: ModelConfig, hidden):
