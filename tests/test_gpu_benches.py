@@ -1,0 +1,73 @@
+"""The GPU benchmark scripts, run on the CPU as their user runs them, at tiny sizes: a lent GPU gets one shot, so
+their whole path (every section, the JSON, the closing table) must already have run somewhere.
+
+``experiments/bench_gpu_decode.py --config tiny`` (bandwidth, bytes per step, AR and Jacobi with and without a fixed
+decode shape) and ``experiments/bench_attention.py --dry-run --backward`` (sparsity, and the forward + backward
+variants once in interpret mode at a tiny shape). Each takes 10-30 s on two cores: slow lane.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(script: str, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, os.path.join(ROOT, "experiments", script), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_decode_bench_runs_every_section_at_a_tiny_size(tmp_path):
+    from jf_jax.model.params import abstract_params, count_params
+
+    out = tmp_path / "decode.json"
+    proc = _run("bench_gpu_decode.py", "--config", "tiny", "--tokens", "8", "--repeats", "2", "--bandwidth-mib", "8",
+                "--decode-shapes", "none,1x16", "--json", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert "errors" not in report, report["errors"]
+    env = report["environment"]
+    assert env["backend"] == "cpu" and env["devices"] and "xla_flags" in env and env["jax"]
+    assert report["bandwidth"]["bytes_per_second"] > 0
+    # Every weight once (the tied embedding as the output head), plus at most one embedding row for the lookup.
+    cfg = report["config"]
+    from jf_jax.model.config import ModelConfig
+
+    params_bytes = 2 * count_params(abstract_params(ModelConfig.from_dict(cfg)))  # bfloat16
+    assert params_bytes <= report["step_bytes"]["weight_bytes"] <= params_bytes + 2 * cfg["hidden_size"]
+    assert report["ar_bound_tokens_per_second"] > 0
+    none = report["entries"]["none"]
+    for method in ("ar", "jacobi"):
+        r = none[method]
+        assert r["tokens"] == [8, 8], r  # EOS disabled: every prompt runs to --tokens
+        assert r["tokens_per_second"] > 0 and r["ms_per_forward"] > 0 and r["fraction_of_bound"] > 0
+    fixed = report["entries"]["1x16"]
+    # jf_jax.decoding.shapes may not exist in every checkout: then the entry says so and the run goes on.
+    assert "unavailable" in fixed or fixed["ar"]["tokens"] == fixed["jacobi"]["tokens"] == [8, 8], fixed
+    tail = proc.stdout.strip().splitlines()
+    assert tail[-3].strip().startswith("entry") and tail[-2].split()[0] == "none" and tail[-1].split()[0] == "1x16"
+
+
+@pytest.mark.slow
+def test_attention_bench_dry_run_exercises_the_backward_path(tmp_path):
+    out = tmp_path / "attention.json"
+    proc = _run("bench_attention.py", "--dry-run", "--backward", "--json", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "mask density" in proc.stdout and "Traceback" not in proc.stderr
+    report = json.loads(out.read_text())
+    assert report["timed"] is False and report["tokens"] == 768  # the paper's packing: 256 + 16 x 16 x 2
+    assert [row["tiles"] for row in report["tiles"]] == ["64x64", "64x128", "128x64", "128x128"]
+    assert all(0 < row["skipped"] < 1 for row in report["tiles"])
+    rows = {row["variant"]: row for row in report["backward_smoke"]["rows"]}
+    assert sorted(rows) == ["dense reference", "kernel, fused backward", "kernel, reference VJP"]
+    for row in rows.values():
+        assert "error" not in row, row
+        assert row["ms"] > 0 and row["memory"]["temp_size_in_bytes"] > 0
+    assert rows["kernel, fused backward"]["max_rel_err"] < 1e-4  # float32, interpret mode
+    assert proc.stdout.strip().splitlines()[-1].lstrip().startswith("fwd+bwd")  # the summary comes last
