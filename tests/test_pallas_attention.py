@@ -372,9 +372,12 @@ class TestTritonLowering:
 
 
 class TestBackwardMemory:
-    """The Triton path's gradient: compiled temporary memory from T to 4T tokens (S = T; batch 1, 2 query heads
-    over 1 KV head). About 4x when the backward is O(T) (the fused kernels), 16x when it holds the T x S
-    probabilities (``backward="reference"``, the reference's autodiff behind the same forward)."""
+    """The Triton path's gradient: compiled temporary memory at T, 2T and 4T tokens (S = T; batch 1, 2 query heads
+    over 1 KV head). The growth is read from the increments, so that the constant part of a program's temporaries
+    (which dominated the ratio at T = 1024 on an H100: 6.5x from T to 4T for the reference) does not hide it: the
+    increment from 2T to 4T over the one from T to 2T is 2 when the backward is O(T) (the fused kernels) and
+    approaches 4 when it holds the T x S probabilities (``backward="reference"``, the reference's autodiff behind
+    the same forward)."""
 
     @staticmethod
     def _growth(T: int, dtype, head_dim: int, tiles: BlockSizes, interpret: bool, backward: str) -> float:
@@ -386,13 +389,14 @@ class TestBackwardMemory:
                 backward=backward).astype(jnp.float32) ** 2)
             compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(array(2), array(1), array(1), meta).compile()
             return compiled.memory_analysis().temp_size_in_bytes
-        return temp_bytes(4 * T) / temp_bytes(T)
+        one, two, four = (temp_bytes(m * T) for m in (1, 2, 4))
+        return (four - two) / (two - one)
 
     def test_interpreted_on_cpu(self):
         # The CPU program of the interpret mode: its temporaries are the kernels' operands and block copies.
         tiles = BlockSizes(block_q=64, block_k=64)
         fused, reference = (self._growth(256, jnp.float32, 16, tiles, True, b) for b in ("fused", "reference"))
-        assert fused < 5 and reference > 12, (fused, reference)
+        assert fused < 2.6 and reference > 3.2, (fused, reference)
 
     @pytest.mark.gpu
     def test_compiled_on_gpu(self):
@@ -402,7 +406,7 @@ class TestBackwardMemory:
                         f"backward for CUDA on any host, and the interpret battery checks its numerics")
         tiles = block_sizes_for()
         fused, reference = (self._growth(1024, jnp.bfloat16, 128, tiles, False, b) for b in ("fused", "reference"))
-        assert fused < 5 and reference > 12, (fused, reference)
+        assert fused < 2.6 and reference > 3.2, (fused, reference)
 
 
 class TestApi:
