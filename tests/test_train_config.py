@@ -82,3 +82,32 @@ def test_run_configs_hold_only_what_differs_from_their_base(path):
                 if key != "data.path" and _lookup(base, key) == value]
     assert not repeated, f"{path} repeats what its base already says: {repeated}"
     load_config(str(CONFIGS / path))  # and it resolves to a valid TrainConfig
+
+
+def test_the_attention_kernel_and_its_backward_are_config_keys(monkeypatch):
+    """model.attention_impl / model.attention_backward reach the ModelConfig the run trains, and the forward hands
+    the backward to the kernel (the fallback a user picks when a fused backward does not compile on a device)."""
+    import jax
+    import jax.numpy as jnp
+
+    from jf_jax.model import transformer
+    from jf_jax.model.config import ATTENTION_BACKWARDS
+    from jf_jax.training import loop as train_loop
+    from pallas_kernels import flash_attention
+
+    assert ATTENTION_BACKWARDS == flash_attention.BACKWARDS
+    tiny = str(CONFIGS / "tiny.yaml")
+    cfg = train_loop.model_config(load_config(tiny, ["model.attention_impl=pallas_triton",
+                                                     "model.attention_backward=reference"]))
+    assert (cfg.attention_impl, cfg.attention_backward) == ("pallas_triton", "reference")
+    assert train_loop.model_config(load_config(tiny)).attention_backward == "fused"
+    with pytest.raises(ConfigKeyError, match="attention_backward must be one of"):
+        load_config(tiny, ["model.attention_backward=dense"])
+
+    seen = []
+    monkeypatch.setattr(flash_attention, "attention", lambda *a, **kw: seen.append(kw["backward"]) or a[0])
+    q = jnp.zeros((1, 4, cfg.num_heads, cfg.head_dim), jnp.float32)
+    k = jnp.zeros((1, 4, cfg.num_kv_heads, cfg.head_dim), jnp.float32)
+    meta = transformer.causal_meta(jnp.arange(4)[None])
+    jax.eval_shape(lambda: transformer._attend(cfg, q, k, k, meta, meta, "noise_conditioned"))
+    assert seen == ["reference"]

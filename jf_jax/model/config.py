@@ -15,6 +15,7 @@ SUPPORTED_ARCHITECTURES = ("qwen2", "llama", "qwen3")
 ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
 SUPPORTED_DTYPES = ("float32", "bfloat16")
 ATTENTION_IMPLS = ("auto", "reference", "pallas", "pallas_triton", "pallas_tpu")
+ATTENTION_BACKWARDS = ("fused", "reference")  # pallas_kernels.flash_attention.BACKWARDS
 
 
 class ConfigError(ValueError):
@@ -81,6 +82,10 @@ class ModelConfig:
     Triton kernel elsewhere, in interpret mode off the device), "pallas_tpu" / "pallas_triton" (that backend on
     any device; interpret mode on a CPU) or "auto" (the TPU kernel on a TPU, the Triton kernel on a GPU, the
     reference otherwise)."""
+    attention_backward: str = "fused"
+    """The gradient of the Pallas attention kernels: "fused" (their dq and dk/dv kernels, O(T) memory per head) or
+    "reference" (autodiff of the plain-JAX reference, O(T x S) per head: the fallback should a fused backward fail
+    to compile on some device). The "reference" attention_impl ignores it."""
     qk_norm: bool = False
     """Qwen3: RMSNorm over each query and key head (weights ``q_norm`` / ``k_norm`` [Dh]) before RoPE."""
     rope_scaling: RopeScaling | None = None
@@ -116,6 +121,9 @@ class ModelConfig:
             raise ConfigError(f"rope_scaling must be a RopeScaling, got {type(self.rope_scaling).__name__}")
         if self.attention_impl not in ATTENTION_IMPLS:
             raise ConfigError(f"attention_impl must be one of {ATTENTION_IMPLS}, got {self.attention_impl!r}")
+        if self.attention_backward not in ATTENTION_BACKWARDS:
+            raise ConfigError(f"attention_backward must be one of {ATTENTION_BACKWARDS}, got "
+                              f"{self.attention_backward!r}")
 
     @property
     def compute_dtype(self):

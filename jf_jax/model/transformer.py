@@ -49,7 +49,8 @@ def _attend(cfg: ModelConfig, q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, mas
 
         # "pallas": the kernel picks its backend from the device (Mosaic on a TPU, Triton otherwise).
         backend = {"pallas": None, "pallas_tpu": "tpu", "pallas_triton": "triton"}[impl]
-        return flash_attention.attention(q, k, v, q_meta, k_meta, mask_kind=mask_kind, backend=backend)
+        return flash_attention.attention(q, k, v, q_meta, k_meta, mask_kind=mask_kind, backend=backend,
+                                         backward=cfg.attention_backward)
     from pallas_kernels import attention_reference
 
     return attention_reference(q, k, v, q_meta, k_meta, mask_kind=mask_kind)

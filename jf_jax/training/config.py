@@ -20,6 +20,7 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
+from jf_jax.model.config import ATTENTION_BACKWARDS, ATTENTION_IMPLS
 from jf_jax.training.losses import LossConfig
 from jf_jax.training.noise_schedule import SCHEDULES
 from jf_jax.training.state import OptimConfig
@@ -45,6 +46,12 @@ class ModelSection:
     master weights, optimizer state and loss); None keeps the model's."""
     remat: bool | None = None
     """Overrides ``ModelConfig.remat`` (recompute layer activations in the backward); None keeps the model's."""
+    attention_impl: str | None = None
+    """Overrides ``ModelConfig.attention_impl`` (training attention: auto, reference, pallas, pallas_triton,
+    pallas_tpu); None keeps the model's ("auto": the Pallas kernel on a TPU or GPU, the reference on a CPU)."""
+    attention_backward: str | None = None
+    """Overrides ``ModelConfig.attention_backward`` ("fused" kernels, or "reference": autodiff of the plain-JAX
+    attention, the fallback should a fused backward not compile on a device); None keeps the model's."""
 
     def __post_init__(self):
         if self.source not in MODEL_SOURCES:
@@ -55,6 +62,9 @@ class ModelSection:
             raise ConfigKeyError("model.source=run needs model.path (a training run directory)")
         if self.compute_dtype not in (None, "float32", "bfloat16"):
             raise ConfigKeyError(f"model.compute_dtype must be float32 or bfloat16, got {self.compute_dtype!r}")
+        for name, allowed in (("attention_impl", ATTENTION_IMPLS), ("attention_backward", ATTENTION_BACKWARDS)):
+            if getattr(self, name) not in (None, *allowed):
+                raise ConfigKeyError(f"model.{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.source == "pretrained" and not self.path:
             raise ConfigKeyError("model.source=pretrained needs model.path (e.g. smollm2-135m, a .gguf, a HF dir)")
 

@@ -73,8 +73,8 @@ def _pretrained(spec: str):
 
 
 def model_config(tcfg: TrainConfig) -> ModelConfig:
-    """The model's config with the training overrides of ``model.compute_dtype`` / ``model.remat`` (master weights
-    stay float32)."""
+    """The model's config with the training overrides of ``model.compute_dtype`` (master weights stay float32),
+    ``model.remat``, ``model.attention_impl`` and ``model.attention_backward``."""
     if tcfg.model.source == "random":
         cfg = ModelConfig.from_dict(tcfg.model.config)
     elif tcfg.model.source == "pretrained":
@@ -83,8 +83,9 @@ def model_config(tcfg: TrainConfig) -> ModelConfig:
         cfg = rd.load_model_config(tcfg.model.path)
     if tcfg.model.compute_dtype is not None:
         cfg = cfg.replace(dtype=tcfg.model.compute_dtype, param_dtype="float32")
-    if tcfg.model.remat is not None:
-        cfg = cfg.replace(remat=tcfg.model.remat)
+    for name in ("remat", "attention_impl", "attention_backward"):
+        if getattr(tcfg.model, name) is not None:
+            cfg = cfg.replace(**{name: getattr(tcfg.model, name)})
     return cfg
 
 
