@@ -38,13 +38,18 @@
 #   c. last 300 EVAL_S=300: the ce and kl evaluations side by side, and each arm's HumanEval (HE_S).
 #   d. summary.txt (responses kept, collection seconds and responses/s, steps reached per arm), each run's config,
 #      metrics and loss curve, the collection manifests, responses.json, and data_scale_report.py's curve.*.
-# Every process gets an XLA_PYTHON_CLIENT_MEM_FRACTION (MEM_COLLECT 0.3, MEM_EVAL 0.12, MEM_TRAIN 0.33, MEM_EVAL_ARM
-# 0.2: at most ~0.9 of the GPU at once) and they share one compilation cache, so base's evaluation programs are
+# Every process gets an XLA_PYTHON_CLIENT_MEM_FRACTION (MEM_COLLECT 0.3, MEM_EVAL 0.12, MEM_HE 0.2, MEM_TRAIN 0.33,
+# MEM_EVAL_ARM 0.2: about 0.9 of the GPU at once) and they share one compilation cache, so base's evaluation programs are
 # compiled once for the three models. Evaluations running beside other processes time their tokens/s on a shared
 # GPU: TPF and loop rates are exact, tokens/s and "x AR" are not the quiet machine's.
 # A CPU smoke run: JF_GPU_STATE=/tmp/jfgpu SCALE_PROMPTS=DIR SCALE_LIMIT=4 BATCH=2 MAX_NEW=16 EVAL_LIMIT=1
 #     EVAL_BLOCKS=16 HUMANEVAL=1 HE_MAX_NEW=32 HE_BATCH=1 TRAIN_S=300 TRAIN_OVERRIDES="data.batch_size=1 data.buckets=[256]" \
 #     bash experiments/gpu_session.sh scale_start 1200
+#
+# Measured on the third lent H100 (2026-11-25, results/studies/data_scale/gpu/README.md): the collectors spent their
+# first 190 s box compiling (one autotuned XLA:GPU program per context bucket); with the cache warm, a 250 s box
+# collected 3 shards of 128 (7.56 responses/s per collector after its first shard). Give collection ~8 minutes
+# (COLLECT_S=480) and the pipeline a deadline to match. Changing SCALE_WORKERS after a start needs new directories.
 #
 # Every stage is time-boxed and resumable: a stage that succeeded, or collection cut by its box, is not run again
 # (markers in $STATE/done; `rm $STATE/done/scale_eval_ce` to re-evaluate); collection continues after its last
@@ -91,6 +96,8 @@ HUMANEVAL=${HUMANEVAL:-164}       # problems (0: none)
 HE_MAX_NEW=${HE_MAX_NEW:-384}
 HE_BATCH=${HE_BATCH:-41}
 MEM_COLLECT=${MEM_COLLECT:-0.3} MEM_EVAL=${MEM_EVAL:-0.12} MEM_TRAIN=${MEM_TRAIN:-0.33} MEM_EVAL_ARM=${MEM_EVAL_ARM:-0.2}
+# HumanEval's batched AR autotunes with an 8.66 GiB scratch buffer: at 0.12 of an H100 it ran out of memory
+MEM_HE=${MEM_HE:-0.2}
 SCALE=$STATE/scale                # on the device only: the prompts' copy, trajectories, run dirs
 SCALE_OUT=$RESULTS/data_scale_gpu # `pack` puts it at results/studies/data_scale/gpu/
 # the old pipeline's
@@ -305,206 +312,9 @@ probe() {  # no model needed (the first call carries half the model wheel): trai
     done
 }
 
-# ---- the data-scale study's GPU point (call 2 starts it, call 3 follows it; the header has the schedule) ----
-
-arm_override() {
-    case $1 in
-        ce) echo loss.ar_teacher=data ;;  # data_scale.py's ARMS
-        kl) echo loss.ar_teacher=reference ;;
-        *) echo "error: unknown arm $1" >&2; return 2 ;;
-    esac
-}
-
-scale_eval() {  # scale_eval NAME MODEL OUT: TPF of ar, jacobi and mr on held-out code, math and training prompts
-    stage "scale_eval_$1" "$4" "$PY" -m jf_jax.evaluate --model "$2" \
-        --prompts "$SCALE/prompts/heldout_code.jsonl" --prompts "$SCALE/prompts/heldout_math.jsonl" \
-        --train-prompts "$SCALE/prompts/train.jsonl" --limit "$EVAL_LIMIT" --methods ar,jacobi,mr \
-        --block-size "$EVAL_BLOCKS" --max-new-tokens "$MAX_NEW" --dtype bfloat16 --out "$3"
-}
-
-scale_humaneval() {  # scale_humaneval NAME MODEL OUT: pass@1 of greedy AR answers, each executed against the problem's
-    # tests; float32 with full-precision matmuls, as the CPU reference (results/studies/base_model_humaneval)
-    JAX_DEFAULT_MATMUL_PRECISION=highest stage "scale_humaneval_$1" "$HE_S" "$PY" -m jf_jax.evaluate --model "$2" \
-        --humaneval "$HUMANEVAL" --humaneval-max-new-tokens "$HE_MAX_NEW" --math-batch "$HE_BATCH" --methods ar \
-        --dtype float32 --quality-dtype float32 --out "$3"
-}
-
-scale_counts() {  # prints "RESPONSES STEPS DIRS" and writes responses.json (data_scale.py's counting and steps)
-    # shellcheck disable=SC2086  # TRAIN_OVERRIDES is a list of key=value words
-    # on the CPU: a process that initialised the GPU would take 75% of its memory beside the evaluations
-    JAX_PLATFORMS=cpu "$PY" - "$SCALE" "$SCALE_OUT" "$SCALE_CONFIG" "$EPOCHS" $TRAIN_OVERRIDES <<'EOF'
-import glob, json, os, sys
-
-sys.path.insert(0, "experiments")
-from data_scale import load_config, responses_in
-
-scale, out, config, epochs, overrides = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), sys.argv[5:]
-dirs = []
-for d in sorted(glob.glob(os.path.join(scale, "traj_w*"))):
-    manifest = os.path.join(d, "manifest.json")
-    if os.path.exists(manifest) and json.load(open(manifest))["shards"]:
-        dirs.append(d)
-kept = responses_in(dirs) if dirs else 0
-prompts = sum(s["prompt_end"] - s["prompt_start"] for d in dirs for s in json.load(open(os.path.join(d, "manifest.json")))["shards"])
-batch = load_config(config, ["data.path=[unused]", *overrides]).data.batch_size
-steps = max(1, round(epochs * kept / batch))
-with open(os.path.join(scale, "counts.json"), "w") as f:
-    json.dump(dict(prompts=prompts, responses=kept, batch_size=batch, epochs=epochs, steps=steps, dirs=dirs), f, indent=1)
-with open(os.path.join(out, "responses.json"), "w") as f:  # the report's x axis; the evaluations are named by it
-    json.dump({str(kept): kept}, f, indent=1)
-print(kept, steps, ",".join(dirs) or "-")
-EOF
-}
-
-scale_summary() {  # summary.txt from the counts, the manifests, the stage times and the runs' metrics
-    # shellcheck disable=SC2086  # SCALE_ARMS is a list of words
-    "$PY" - "$SCALE" "$SCALE_OUT" $SCALE_ARMS <<'EOF'
-import glob, json, os, re, sys
-
-scale, out, arms = sys.argv[1], sys.argv[2], sys.argv[3:]
-counts = json.load(open(os.path.join(scale, "counts.json"))) if os.path.exists(os.path.join(scale, "counts.json")) else {}
-stages = {}
-for line in open(os.path.join(out, "logs", "stages.txt")) if os.path.exists(os.path.join(out, "logs", "stages.txt")) else []:
-    name, *fields = line.split()
-    stages[name] = dict(f.split("=") for f in fields)  # the last run of each stage
-lines = [f"prompts collected: {counts.get('prompts')}; responses kept (repetition filter): {counts.get('responses')}"]
-for d in counts.get("dirs", []):
-    w = os.path.basename(d)
-    m = json.load(open(os.path.join(d, "manifest.json")))
-    shards = m["shards"]
-    kept = sum(s["prompt_end"] - s["prompt_start"] - s["num_filtered"] for s in shards)
-    mism = sum(s.get("num_mismatched", 0) for s in shards)
-    st = stages.get(f"scale_collect_{w.split('_')[-1]}", {})
-    times = [os.path.getmtime(os.path.join(d, s["file"])) for s in shards]
-    steady = ""
-    if len(shards) > 1 and times[-1] > times[0]:  # after the first shard (loading, compilation)
-        later = sum(s["prompt_end"] - s["prompt_start"] - s["num_filtered"] for s in shards[1:])
-        steady = f"; after the first shard {later / (times[-1] - times[0]):.2f} responses/s"
-    secs = float(st.get("seconds", "nan"))
-    lines.append(f"{w}: {len(shards)} shards, prompts {shards[0]['prompt_start']}-{shards[-1]['prompt_end']} of its "
-                 f"{m['num_prompts']}, kept {kept}, mismatched {mism}; stage {secs:.0f} s (rc {st.get('rc')}, box "
-                 f"{st.get('box')}), {kept / secs if secs == secs and secs else float('nan'):.2f} responses/s{steady}")
-    with open(os.path.join(out, f"manifest_{w}.json"), "w") as f:
-        json.dump(m, f, indent=1)
-if counts.get("dirs"):
-    secs = max(float(stages.get(f"scale_collect_{os.path.basename(d).split('_')[-1]}", {}).get("seconds", "nan"))
-               for d in counts["dirs"])
-    lines.append(f"collection: {secs:.0f} s wall (model loading and compilation included), "
-                 f"{counts['responses'] / secs:.2f} responses/s together")
-lines.append(f"training: {counts.get('steps')} steps planned per arm ({counts.get('epochs')} epochs of "
-             f"{counts.get('responses')} responses at batch {counts.get('batch_size')})")
-for arm in arms:
-    run = os.path.join(scale, arm)
-    rows = [json.loads(l) for l in open(os.path.join(run, "metrics.jsonl"))] if os.path.exists(os.path.join(run, "metrics.jsonl")) else []
-    log = os.path.join(out, "logs", f"scale_train_{arm}.log")
-    text = open(log).read() if os.path.exists(log) else ""
-    seqs = re.findall(r"\d+ training sequences; \d+ \([\d.]+%\) longer than[^\n]*", text)
-    rate = re.findall(r"[\d.]+ steps/s since the first", text)
-    st = stages.get(f"scale_train_{arm}", {})
-    last = rows[-1] if rows else {}
-    lines.append(f"{arm}: step {last.get('step', 0)} of {counts.get('steps')}, final loss/total "
-                 f"{last.get('loss/total', float('nan')):.4f}; {rate[-1] if rate else 'no rate logged'}; stage "
-                 f"{st.get('seconds')} s (rc {st.get('rc')}, box {st.get('box')}); exported: "
-                 f"{os.path.isdir(os.path.join(run, 'params'))}; {seqs[0] if seqs else ''}")
-for name, st in stages.items():
-    if "eval" in name or "humaneval" in name:
-        lines.append(f"{name}: rc {st.get('rc')} after {st.get('seconds')} s (box {st.get('box')})")
-for path in sorted(glob.glob(os.path.join(out, "humaneval_*.json"))):
-    h = json.load(open(path))["results"][0].get("humaneval") or {}
-    lines.append(f"{os.path.basename(path)}: pass@1 {h.get('pass_at_1')} ({h.get('passed')} of {h.get('problems')})")
-text = "\n".join(lines) + "\n"
-open(os.path.join(out, "summary.txt"), "w").write(text)
-print(text, end="")
-EOF
-}
-
-scale_pipeline() {
-    trap 'log "pipeline finished (rc $?)"' EXIT  # what wait_for looks for, also after an error
-    local STAGE_LOGS=$SCALE_OUT/logs  # stage() writes each log, and stages.txt, there
-    mkdir -p "$SCALE/prompts" "$STAGE_LOGS"
-    local f
-    for f in train heldout_code heldout_math; do  # a copy: the calls after the second do not carry the pool
-        [ -s "$SCALE/prompts/$f.jsonl" ] || cp "$SCALE_PROMPTS/$f.jsonl" "$SCALE/prompts/"
-    done
-    log "scale pipeline: deadline ${SCALE_DEADLINE_S}s; collect ${SCALE_COLLECT_S}s, train ${SCALE_TRAIN_S}, evaluate" \
-        "${SCALE_EVAL_S}s (base ${SCALE_EVAL_BASE_S}s), HumanEval ${HE_S}s ($HUMANEVAL problems)"
-
-    # a. collection, and beside it the base model's evaluations (which may run on into training)
-    local total per i limit pids=() base_pids=()
-    total=$(wc -l <"$SCALE/prompts/train.jsonl")
-    if [ "$SCALE_LIMIT" -lt "$total" ]; then total=$SCALE_LIMIT; fi
-    per=$(((total + SCALE_WORKERS - 1) / SCALE_WORKERS))
-    XLA_PYTHON_CLIENT_MEM_FRACTION=$MEM_EVAL scale_eval base $MODEL "$SCALE_OUT/eval_base_0" "$SCALE_EVAL_BASE_S" &
-    base_pids+=($!)
-    if [ "$HUMANEVAL" -gt 0 ]; then
-        XLA_PYTHON_CLIENT_MEM_FRACTION=$MEM_EVAL scale_humaneval base $MODEL "$SCALE_OUT/humaneval_base" &
-        base_pids+=($!)
-    fi
-    for ((i = 0; i < SCALE_WORKERS; i++)); do
-        limit=$((total - i * per < per ? total - i * per : per))
-        if [ $limit -le 0 ]; then break; fi
-        XLA_PYTHON_CLIENT_MEM_FRACTION=$MEM_COLLECT stage "scale_collect_w$i" "$SCALE_COLLECT_S" "$PY" -m jf_jax.collect \
-            --model $MODEL --prompts "$SCALE/prompts/train.jsonl" --offset $((i * per)) --limit $limit \
-            --out "$SCALE/traj_w$i" --batch-size "$BATCH" --prompts-per-shard "$BATCH" --max-new-tokens "$MAX_NEW" \
-            --block-size 16 --dtype bfloat16 --repetition-filter --no-progress &
-        pids+=($!)
-    done
-    for i in "${pids[@]}"; do wait "$i" || true; done
-
-    local counts n steps dirs
-    counts=$(scale_counts 2>>"$STAGE_LOGS/counts.log" | tail -n 1) || { log "error: counting the responses failed" \
-        "($STAGE_LOGS/counts.log)"; counts="0 0 -"; }
-    read -r n steps dirs <<<"$counts"
-    log "collected: $n responses kept in ${dirs//,/ }; $steps training steps per arm"
-
-    # b. both arms side by side
-    local arm train_s pids=()
-    if [ "$n" -gt 0 ]; then
-        train_s=$SCALE_TRAIN_S
-        if [ "$train_s" = auto ]; then
-            train_s=$((SCALE_DEADLINE_S - SECONDS - SCALE_EVAL_S - 20))
-            train_s=$((train_s < 120 ? 120 : train_s > 600 ? 600 : train_s))
-        fi
-        local stop_s=$((train_s - TRAIN_TAIL_S < 60 ? 60 : train_s - TRAIN_TAIL_S))
-        log "training: box ${train_s}s each, stopping after ${stop_s}s of steps"
-        for arm in $SCALE_ARMS; do
-            # shellcheck disable=SC2086  # TRAIN_OVERRIDES is a list of key=value words
-            XLA_PYTHON_CLIENT_MEM_FRACTION=$MEM_TRAIN stage "scale_train_$arm" $((train_s + 30)) "$PY" -m jf_jax.train \
-                "$SCALE_CONFIG" --run-dir "$SCALE/$arm" "data.path=[$dirs]" "$(arm_override "$arm")" \
-                "train.steps=$steps" "run_name=data_scale_gpu_${arm}_$n" $TRAIN_OVERRIDES \
-                --stop-after-minutes "$(awk "BEGIN {print $stop_s / 60}")" --export-on-stop --no-progress \
-                --log-every-s 30 &
-            pids+=($!)
-        done
-        for i in "${pids[@]}"; do wait "$i" || true; done
-        for arm in $SCALE_ARMS; do
-            for f in config.yaml metrics.jsonl loss_curve.png; do
-                if [ -f "$SCALE/$arm/$f" ]; then cp "$SCALE/$arm/$f" "$SCALE_OUT/${arm}_$f"; fi
-            done
-        done
-    else
-        log "error: no responses collected: no training (see $STAGE_LOGS/scale_collect_w*.log)"
-    fi
-
-    # c. the arms' evaluations side by side
-    pids=()
-    for arm in $SCALE_ARMS; do
-        if [ ! -d "$SCALE/$arm/params" ]; then log "$arm: no exported weights, not evaluated"; continue; fi
-        XLA_PYTHON_CLIENT_MEM_FRACTION=$MEM_EVAL_ARM scale_eval "$arm" "$SCALE/$arm" "$SCALE_OUT/eval_${arm}_$n" \
-            "$SCALE_EVAL_S" &
-        pids+=($!)
-        if [ "$HUMANEVAL" -gt 0 ]; then
-            XLA_PYTHON_CLIENT_MEM_FRACTION=$MEM_EVAL scale_humaneval "$arm" "$SCALE/$arm" "$SCALE_OUT/humaneval_${arm}_$n" &
-            pids+=($!)
-        fi
-    done
-    for i in "${pids[@]}" "${base_pids[@]}"; do wait "$i" || true; done
-
-    # d. the summary and the curve of what is there
-    scale_summary || log "error: the summary failed"
-    JAX_PLATFORMS=cpu timeout 120 "$PY" experiments/data_scale_report.py "$SCALE_OUT" >"$STAGE_LOGS/report.log" 2>&1 ||
-        log "data_scale_report.py failed (see logs/report.log)"
-}
+# The data-scale study's GPU point (scale_pipeline and its stages): call 2 starts it, call 3 follows it.
+# shellcheck source=experiments/gpu_scale.sh
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_scale.sh"
 
 start() {  # the pipeline in its own session, so that it outlives this call while the machine stays warm
     launch pipeline "${1:-540}"
