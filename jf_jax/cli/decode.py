@@ -259,7 +259,9 @@ def run(args) -> dict:
     with tqdm(total=len(methods) * len(prompts), desc="decoding", unit="prompt", file=sys.stderr,
               disable=args.stream) as bar:
         for method in methods:
-            options = dict(method_options(method, args), decode_shape=shape)
+            options = method_options(method, args)
+            if shape is not None:  # the one shape of every method's forwards (GPUs and TPUs by default)
+                options["decode_shape"] = shape
             if args.batch_size > 1:  # one call decodes every prompt, batch_size at a time
                 bar.set_postfix_str(f"{method} x{len(prompts)}")
                 completions = list(enumerate(api.generate(model, prompts, method=method, chat=not args.no_chat,
