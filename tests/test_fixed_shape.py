@@ -147,3 +147,31 @@ def test_cli_refuses_a_shape_that_does_not_cover_its_methods(capsys):
     err = capsys.readouterr().err
     assert code != 0 and "--decode-shape" in err and "jacobi forwards 1 row(s) of 16 tokens" in err
     assert "Traceback" not in err
+
+
+def test_padded_steps_lower_for_tpu_with_the_same_dots():
+    """Lowered for a TPU (``jax.export``, on this CPU), the padded AR, Jacobi and multi-block steps contain the same
+    matrix products, operand shapes and all: one kernel choice per product serves every method."""
+    import re
+
+    from jax import export
+
+    from jf_jax.decoding.ar import ARDecoder
+    from jf_jax.decoding.common import eos_array, prepare_prompts, prompt_key
+    from jf_jax.decoding.jacobi import JacobiDecoder
+    from jf_jax.decoding.multiblock import MRDecoder
+    from jf_jax.model.decode_view import decode_view
+
+    cfg = dataclasses.replace(CFG, dtype="bfloat16")
+    params = decode_view(random_params(0))
+    prep = prepare_prompts(cfg, [[1, 2, 3]], 16, lookahead=SHAPE.width)
+    rows = (jnp.asarray(prep.tokens), jnp.asarray(prep.lengths), prompt_key(0, 0)[None], prompt_key(1, 0)[None],
+            jnp.int32(16), jnp.asarray(eos_array([2])))
+    dots = {}
+    for decoder in (ARDecoder(cfg, 1, shape=SHAPE), JacobiDecoder(cfg, 8, shape=SHAPE),
+                    MRDecoder(cfg, 8, 2, 7, 4, shape=SHAPE)):
+        state = decoder.init(params, *rows, prep.out_capacity, prep.cache_capacity)
+        step = export.export(jax.jit(decoder._step), platforms=["tpu"])(params, state).mlir_module()
+        dots[type(decoder).__name__] = sorted(set(re.findall(r"stablehlo.dot_general[^\n]*?: \((.*?)\) ->", step)))
+    assert len(dots["ARDecoder"]) >= 6  # projections, attention scores and values, MLP, head: the forward is there
+    assert dots["ARDecoder"] == dots["JacobiDecoder"] == dots["MRDecoder"]
