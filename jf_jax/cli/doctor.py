@@ -132,14 +132,18 @@ def check(machine, dtypes=CHECK_DTYPES, *, prompts: int = 2, prompt_length: int 
         # The view jf_jax.api.load_model builds for this dtype on this machine.
         view = (decode_view(params, pack=True) if dtype == "bfloat16" and machine.kernels_run
                 else decode_view(params, column_shards=api.default_column_shards()))
-        ar = generate_ar(view, cfg, ids, max_new_tokens=max_new_tokens, eos_ids=[], warmup=False).token_ids
+        # The decode shape a decode run takes here by default (padded on GPUs and TPUs, decoding.shapes).
+        shape = api.run_shape("auto", [("ar", {}), ("jacobi", dict(block_size=block_size))])
+        ar = generate_ar(view, cfg, ids, max_new_tokens=max_new_tokens, eos_ids=[], warmup=False,
+                         decode_shape=shape).token_ids
         jacobi = generate_jacobi(view, cfg, ids, max_new_tokens=max_new_tokens, eos_ids=[], block_size=block_size,
-                                 warmup=False).token_ids
+                                 warmup=False, decode_shape=shape).token_ids
         differences = [{"prompt": i, "position": first_difference(a, j)} for i, (a, j) in enumerate(zip(ar, jacobi))
                        if a != j]
         bits = block_bits(view, cfg, [[rng.integers(0, cfg.vocab_size, n).tolist() for n in (prompt_length, block_size)]
                                       for _ in range(bit_samples)])
         results.append({"dtype": dtype, "equal": not differences, "prompts": prompts, "tokens": sum(map(len, ar)),
+                        "decode_shape": None if shape is None else f"{shape.rows}x{shape.width}",
                         "block_size": block_size, "first_difference": differences[0] if differences else None,
                         "block_logits_bit_identical": bits == 0.0, "block_logits_max_difference": bits,
                         "seconds": time.perf_counter() - started})
