@@ -249,9 +249,11 @@ def run(args) -> dict:
         args.block_size, args.pool_size = resolve_tuned(args.block_size, args.pool_size, args.tune_out)
         print(f"tuned configuration: block size {args.block_size}, pool size {args.pool_size}", file=sys.stderr)
         check_values(args)
+    from jf_jax.decoding.shapes import shape_label
+
     environment = resolve_dtype(args)
     shape = decode_shape(args)
-    environment["decode_shape"] = None if shape is None else f"{shape.rows}x{shape.width}"
+    environment["decode_shape"] = shape_label(shape)
     print(f"loading {args.model} ({args.dtype}) ...", file=sys.stderr)
     model = api.load_model(args.model, dtype=args.dtype)
     runs = []

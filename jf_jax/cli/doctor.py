@@ -117,6 +117,7 @@ def check(machine, dtypes=CHECK_DTYPES, *, prompts: int = 2, prompt_length: int 
     from jf_jax import api
     from jf_jax.decoding.ar import generate_ar
     from jf_jax.decoding.jacobi import generate_jacobi
+    from jf_jax.decoding.shapes import shape_label
     from jf_jax.model.config import ModelConfig
     from jf_jax.model.decode_view import decode_view
     from jf_jax.model.params import cast_params, init_params
@@ -124,6 +125,8 @@ def check(machine, dtypes=CHECK_DTYPES, *, prompts: int = 2, prompt_length: int 
     rng = np.random.default_rng(0)
     ids = [rng.integers(0, CHECK_SHAPE["vocab_size"], prompt_length).tolist() for _ in range(prompts)]
     results = []
+    # The decode shape a decode run takes here by default (padded on GPUs and TPUs, decoding.shapes).
+    shape = api.run_shape("auto", [("ar", {}), ("jacobi", dict(block_size=block_size))])
     for dtype in dtypes:
         started = time.perf_counter()
         cfg = ModelConfig(**CHECK_SHAPE, dtype=dtype)
@@ -132,8 +135,6 @@ def check(machine, dtypes=CHECK_DTYPES, *, prompts: int = 2, prompt_length: int 
         # The view jf_jax.api.load_model builds for this dtype on this machine.
         view = (decode_view(params, pack=True) if dtype == "bfloat16" and machine.kernels_run
                 else decode_view(params, column_shards=api.default_column_shards()))
-        # The decode shape a decode run takes here by default (padded on GPUs and TPUs, decoding.shapes).
-        shape = api.run_shape("auto", [("ar", {}), ("jacobi", dict(block_size=block_size))])
         ar = generate_ar(view, cfg, ids, max_new_tokens=max_new_tokens, eos_ids=[], warmup=False,
                          decode_shape=shape).token_ids
         jacobi = generate_jacobi(view, cfg, ids, max_new_tokens=max_new_tokens, eos_ids=[], block_size=block_size,
@@ -143,7 +144,7 @@ def check(machine, dtypes=CHECK_DTYPES, *, prompts: int = 2, prompt_length: int 
         bits = block_bits(view, cfg, [[rng.integers(0, cfg.vocab_size, n).tolist() for n in (prompt_length, block_size)]
                                       for _ in range(bit_samples)])
         results.append({"dtype": dtype, "equal": not differences, "prompts": prompts, "tokens": sum(map(len, ar)),
-                        "decode_shape": None if shape is None else f"{shape.rows}x{shape.width}",
+                        "decode_shape": shape_label(shape),
                         "block_size": block_size, "first_difference": differences[0] if differences else None,
                         "block_logits_bit_identical": bits == 0.0, "block_logits_max_difference": bits,
                         "seconds": time.perf_counter() - started})

@@ -56,14 +56,16 @@ def _speed_one(model, method: str, prompts, *, max_new_tokens: int, options: dic
     return dict(method=method, **summarize_with_loops(per_prompt), per_prompt=per_prompt, token_ids=r.token_ids)
 
 
-def speed_runs(methods, block_sizes) -> list[tuple[str, str, dict]]:
-    """(row name, method, options) of every timed run: AR once, jacobi / mr once per block size."""
+def speed_runs(methods, block_sizes, num_blocks: int) -> list[tuple[str, str, dict]]:
+    """(row name, method, options) of every timed run: AR once, jacobi / mr once per block size (mr with
+    ``num_blocks`` blocks in flight)."""
     runs = []
     for method in methods:
         if method == "ar":
             runs.append(("ar", "ar", {}))
             continue
-        runs += [(f"{method} n={n}", method, dict(block_size=n)) for n in block_sizes]
+        extra = dict(num_blocks=num_blocks) if method == "mr" else {}
+        runs += [(f"{method} n={n}", method, dict(block_size=n, **extra)) for n in block_sizes]
     return runs
 
 
@@ -83,20 +85,18 @@ def evaluate_model(spec: str, prompt_sets: dict[str, list[dict]], math_rows: lis
 
     from jf_jax.api import encode_prompts, load_model, run_shape
     from jf_jax.data.gsm import extract_answer, is_correct
+    from jf_jax.decoding.shapes import shape_label
 
-    runs = [(method, dict(options, num_blocks=num_blocks) if method == "mr" else options)
-            for _, method, options in speed_runs(methods, block_sizes)]
-    shape = run_shape(decode_shape, runs)
+    runs = speed_runs(methods, block_sizes, num_blocks)
+    shape = run_shape(decode_shape, [(method, options) for _, method, options in runs])
     model = model or load_model(spec, dtype=dtype)
     result = dict(model=spec, name=model.name, source=model.source, dtype=dtype, quality_dtype=quality_dtype,
                   sampling=(sampling or GREEDY).describe(), train_sets=list(train_sets), speed={}, math=None,
-                  humaneval=None, decode_shape=None if shape is None else f"{shape.rows}x{shape.width}")
+                  humaneval=None, decode_shape=shape_label(shape))
     for set_name, rows in prompt_sets.items():
         ids = encode_prompts(model, [r["prompt"] for r in rows])
         per_run = {}
-        for name, method, options in speed_runs(methods, block_sizes):
-            if method == "mr":
-                options = dict(options, num_blocks=num_blocks)
+        for name, method, options in runs:
             per_run[name] = _speed_one(model, method, ids, max_new_tokens=max_new_tokens,
                                        options=dict(options, seed=seed, sampling=sampling or GREEDY,
                                                     decode_shape=shape))
@@ -305,8 +305,8 @@ def main(argv=None) -> int:
     from jf_jax.decoding.sampling import Sampling
 
     try:
-        run_shape(args.decode_shape, [(m, dict(options, num_blocks=args.num_blocks) if m == "mr" else options)
-                                      for _, m, options in speed_runs(methods, args.block_size)], backend="cpu")
+        run_shape(args.decode_shape, [(method, options) for _, method, options in
+                                      speed_runs(methods, args.block_size, args.num_blocks)], backend="cpu")
     except GenerationError as e:
         print(f"error: --decode-shape: {e}", file=sys.stderr)
         return 2

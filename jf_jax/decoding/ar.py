@@ -15,6 +15,7 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 
+from jf_jax.decoding.blocks import prefill_rows
 from jf_jax.decoding.common import (GenerationResult, StopReason, eos_array, is_eos, prepare_prompts)
 from jf_jax.decoding.runner import BlockDecoder, OnTokens, decode_prompts, keep_if_done, per_row
 from jf_jax.decoding.sampling import GREEDY, Sampling, choose
@@ -35,17 +36,16 @@ def prefill(params: Params, cfg: ModelConfig, tokens, lengths, capacity: int, wi
     With a fixed decode shape's ``width`` W (``decoding.shapes``) the forward has P + W tokens (the last W are
     padding), attends over the whole cache and computes the logits of W positions from the prompt's last, exactly
     as the Jacobi prefill does at that width, and returns the first of them."""
+    if width is not None:
+        cache, row_logits = prefill_rows(params, cfg, jnp.pad(tokens, ((0, 0), (0, width))), lengths, lengths,
+                                         capacity, width, whole_cache=True)
+        return cache, row_logits[:, 0]
     B, P = tokens.shape
-    T = P + (width or 0)
-    tokens = jnp.pad(tokens, ((0, 0), (0, T - P)))
-    positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    positions = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32), (B, P))
     meta = causal_meta(positions, valid=positions < lengths[:, None])
-    hidden, cache = forward(params, cfg, tokens, meta=meta, cache=KVCache.init(cfg, B, capacity),
-                            whole_cache=width is not None)
-    if width is None:
-        return cache.with_lengths(lengths), logits(params, cfg, hidden[jnp.arange(B), lengths - 1])  # [B, V]
-    rows = jax.vmap(lambda h, length: jax.lax.dynamic_slice_in_dim(h, length - 1, width))(hidden, lengths)
-    return cache.with_lengths(lengths), logits(params, cfg, rows)[:, 0]
+    hidden, cache = forward(params, cfg, tokens, meta=meta, cache=KVCache.init(cfg, B, capacity))
+    last = hidden[jnp.arange(B), lengths - 1]  # [B, D]
+    return cache.with_lengths(lengths), logits(params, cfg, last)
 
 
 @jax.tree_util.register_dataclass

@@ -74,6 +74,21 @@ def emit(out, count, tokens, num):
     return out.at[idx].set(tokens, mode="drop")
 
 
+def prefill_rows(params: Params, cfg: ModelConfig, tokens, valid_lens, prompt_lens, capacity: int, width: int,
+                 whole_cache: bool):
+    """Forwards ``tokens`` [B, T] (row b valid below ``valid_lens[b]``) into a fresh cache and returns the cache
+    holding only the prompts (``prompt_lens``) and the float32 logits [B, width, V] of the ``width`` positions from
+    each prompt's last token on. The Jacobi prefill-drafting trick and AR's prefill at a fixed decode shape share
+    it, so both compute a prompt's first-token logits with one program shape."""
+    B, T = tokens.shape
+    positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    meta = causal_meta(positions, valid=positions < valid_lens[:, None])
+    hidden, cache = forward(params, cfg, tokens, meta=meta, cache=KVCache.init(cfg, B, capacity),
+                            whole_cache=whole_cache)
+    rows = jax.vmap(lambda h, length: jax.lax.dynamic_slice_in_dim(h, length - 1, width))(hidden, prompt_lens)
+    return cache.with_lengths(prompt_lens), logits(params, cfg, rows)
+
+
 def prefill_draft(params: Params, cfg: ModelConfig, prompts, prompt_lens, guesses, capacity: int,
                   sampling: Sampling, sample_keys, width: int | None = None):
     """The prefill-drafting trick, for B rows: forwards ``prompt[:prompt_len] ++ guesses`` (n guesses) of each row
@@ -94,13 +109,10 @@ def prefill_draft(params: Params, cfg: ModelConfig, prompts, prompt_lens, guesse
         return jnp.where(jnp.arange(T) < prompt_len + n, tokens, 0)
 
     tokens = jax.vmap(row_tokens)(prompts, prompt_lens, guesses)
-    positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-    meta = causal_meta(positions, valid=positions < (prompt_lens + n)[:, None])
-    hidden, cache = forward(params, cfg, tokens, meta=meta, cache=KVCache.init(cfg, B, capacity),
-                            whole_cache=width is not None)
-    rows = jax.vmap(lambda h, length: jax.lax.dynamic_slice_in_dim(h, length - 1, W))(hidden, prompt_lens)
-    chosen = choose(sampling, logits(params, cfg, rows), prompt_lens[:, None] + jnp.arange(W), sample_keys)
-    return cache.with_lengths(prompt_lens), chosen[:, :n]
+    cache, row_logits = prefill_rows(params, cfg, tokens, prompt_lens + n, prompt_lens, capacity, W,
+                                     whole_cache=width is not None)
+    chosen = choose(sampling, row_logits, prompt_lens[:, None] + jnp.arange(W), sample_keys)
+    return cache, chosen[:, :n]
 
 
 class BlockStart(NamedTuple):

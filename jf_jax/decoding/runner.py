@@ -29,7 +29,7 @@ import numpy as np
 from jf_jax.decoding.common import GenerationError, GenerationResult, PreparedPrompts, batch_slices, prompt_key
 from jf_jax.decoding.placement import place_rows, replicate, rows_multiple
 from jf_jax.decoding.sampling import GREEDY, Sampling, sampling_key
-from jf_jax.decoding.shapes import DecodeShape
+from jf_jax.decoding.shapes import DecodeShape, shape_label
 from jf_jax.decoding.stats import prompt_stats, summarize
 from jf_jax.model.config import ModelConfig
 from jf_jax.model.decode_jit import decode_jit
@@ -203,9 +203,8 @@ def decode_prompts(decoder: BlockDecoder, params: Params | DecodeView, prep: Pre
     # Alone, each prompt carries its own seconds (summed, with their median); batched, the batches' wall clocks.
     total = summarize(per_prompt) if B == 1 else summarize(per_prompt, seconds=seconds,
                                                              prefill_seconds=prefill_seconds)
-    shape = None if decoder.shape is None else f"{decoder.shape.rows}x{decoder.shape.width}"
     stats = dict(**(settings or {}), block_size=decoder.block_size, batch_size=B, driver=driver, seed=seed,
-                 decode_shape=shape,
+                 decode_shape=shape_label(decoder.shape),
                  **decoder.sampling.describe(),
                  per_prompt=per_prompt, total=total)
     return GenerationResult(token_ids=token_ids, forwards=[p["forwards"] for p in per_prompt],

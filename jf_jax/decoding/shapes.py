@@ -54,6 +54,9 @@ class DecodeShape:
             raise GenerationError(f"{method} forwards {rows} row(s) of {width} tokens per prompt, more than the fixed "
                                   f"decode shape {self.rows}x{self.width}; choose a shape that covers every method")
 
+    def __str__(self) -> str:
+        return f"{self.rows}x{self.width}"  # what ``parse`` reads
+
     @classmethod
     def parse(cls, text: str) -> "DecodeShape":
         """``"RxW"`` (e.g. ``4x32``) as a shape."""
@@ -62,6 +65,11 @@ class DecodeShape:
         except ValueError:
             raise GenerationError(f"a decode shape is ROWSxWIDTH (e.g. 4x32), got {text!r}") from None
         return cls(rows, width)
+
+
+def shape_label(shape: DecodeShape | None) -> str | None:
+    """How reports record a run's decode shape: "RxW", or None when every forward had its natural shape."""
+    return None if shape is None else str(shape)
 
 
 def natural_shape(method: str, block_size: int = 1, num_blocks: int = 1, pool_size: int = 1) -> DecodeShape:
