@@ -37,7 +37,8 @@ def main(argv=None) -> int:
 
     from jf_jax.api import encode_prompts, load_model
     from jf_jax.data.code_prompts import stdlib_tasks
-    from jf_jax.decoding.recording import record_batch, record_trajectories
+    from jf_jax.decoding.batch_recording import record_batch
+    from jf_jax.decoding.recording import record_trajectories
     from jf_jax.model.machine import detect
 
     model = load_model("smollm2-135m", dtype=args.dtype)

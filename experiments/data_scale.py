@@ -103,6 +103,10 @@ def main(argv=None) -> int:
     p.add_argument("--arms", help="comma list of arms (ce, kl) overriding the preset's")
     p.add_argument("--stages", default="prompts,collect,train,evaluate,report")
     p.add_argument("--model", help="the base model spec (default: the preset's, the embedded SmolLM2-135M)")
+    p.add_argument("--collect-batch", type=int, help="rows of the batched collector (default: the preset's)")
+    p.add_argument("--worker", default="0/1", metavar="I/N",
+                   help="collect only parts I, I+N, I+2N, ...: N processes (or devices, or machines) collecting one "
+                        "curve side by side, each its own parts (a part is one trajectory directory)")
     p.add_argument("--prompt-dir", help="an existing prompt pool (train.jsonl, heldout_code.jsonl, "
                                         "heldout_math.jsonl) instead of building one under --runs")
     args = p.parse_args(argv)
@@ -114,6 +118,13 @@ def main(argv=None) -> int:
                                      train_overrides=(*preset.train_overrides, f"model.path={args.model}"))
     if args.arms:
         preset = dataclasses.replace(preset, arms=tuple(args.arms.split(",")))
+    if args.collect_batch:
+        preset = dataclasses.replace(preset, collect_batch=args.collect_batch)
+    try:
+        worker, workers = (int(x) for x in args.worker.split("/"))
+        assert 0 <= worker < workers
+    except (ValueError, AssertionError):
+        p.error(f"--worker is I/N with 0 <= I < N, got {args.worker!r}")
     unknown = set(preset.arms) - set(ARMS)
     if unknown:
         p.error(f"unknown arms {sorted(unknown)}; choose from {sorted(ARMS)}")
@@ -127,12 +138,12 @@ def main(argv=None) -> int:
     num_parts = math.ceil(max(preset.sizes) / preset.part_size)
     parts = [os.path.join(args.runs, f"trajectories_n{preset.block_size}", f"part-{i:03d}") for i in range(num_parts)]
     if "collect" in stages:
-        for i, part in enumerate(parts):
+        for i, part in list(enumerate(parts))[worker::workers]:
             jf("collect", "--model", preset.model, "--prompts", os.path.join(prompts, "train.jsonl"),
                    "--offset", str(i * preset.part_size), "--limit", str(preset.part_size), "--out", part,
                    "--block-size", str(preset.block_size), "--max-new-tokens", str(preset.max_new_tokens),
                    "--batch-size", str(preset.collect_batch), "--dtype", preset.dtype, "--repetition-filter",
-                   "--no-progress")
+                   "--prompts-per-shard", str(min(preset.part_size, preset.collect_batch)), "--no-progress")
     trained, kept = [], {}
     for size in preset.sizes:
         used = parts[: math.ceil(size / preset.part_size)]

@@ -201,3 +201,70 @@ scale_pipeline() {
     JAX_PLATFORMS=cpu timeout 120 "$PY" experiments/data_scale_report.py "$SCALE_OUT" >"$STAGE_LOGS/report.log" 2>&1 ||
         log "data_scale_report.py failed (see logs/report.log)"
 }
+
+# The CPU learning curve's data, collected on the device (CURVE_* settings): data_scale.py's parts of 250 prompts
+# (`--preset cpu`, so the CPU run trains on them as if it had collected them), CURVE_WORKERS processes each taking
+# every N-th part with the batched recorder at BATCH rows, in a box of $1 seconds (a part cut by the box keeps its
+# complete shards and resumes). `curve_pack` brings the parts back: a prefix of them, as many as fit in the 64 MiB
+# a call returns, as pieces of one tarball (unpack in the repository root: cat curve.tar.* | tar x).
+CURVE_RUNS=$STATE/curve
+CURVE_PROMPTS=${CURVE_PROMPTS:-6000}
+CURVE_WORKERS=${CURVE_WORKERS:-2}
+CURVE_RETURN_MIB=${CURVE_RETURN_MIB:-56}
+
+curve_collect() {
+    local box=${1:-300} i pids=()
+    mkdir -p "$RESULTS/curve_logs"
+    log "curve collection: $CURVE_WORKERS workers, ${CURVE_PROMPTS} prompts at batch $BATCH, box ${box}s"
+    set -m  # background jobs keep SIGINT (see collect_workers), so the box's INT reaches each worker
+    for ((i = 0; i < CURVE_WORKERS; i++)); do
+        XLA_PYTHON_CLIENT_MEM_FRACTION=$(awk "BEGIN {print 0.9 / $CURVE_WORKERS}") timeout --signal=INT \
+            --kill-after=20 "$box" "$PY" experiments/data_scale.py --preset cpu --sizes "$CURVE_PROMPTS" \
+            --stages collect --collect-batch "$BATCH" --worker "$i/$CURVE_WORKERS" --prompt-dir "$SCALE_PROMPTS" \
+            --runs "$CURVE_RUNS" >"$RESULTS/curve_logs/worker$i.log" 2>&1 &
+        pids+=($!)
+    done
+    for i in "${pids[@]}"; do wait "$i" || true; done
+    curve_summary | tee "$RESULTS/curve_summary.txt"
+}
+
+curve_summary() {  # per part: prompts done, responses kept, mismatched blocks, and when its shards were written
+    "$PY" - "$CURVE_RUNS/trajectories_n16" <<'PYEOF'
+import glob, json, os, sys
+
+rows, times = [], []
+for d in sorted(glob.glob(os.path.join(sys.argv[1], "part-*"))):
+    m = json.load(open(os.path.join(d, "manifest.json"))) if os.path.exists(os.path.join(d, "manifest.json")) else None
+    if not m or not m["shards"]:
+        continue
+    s = m["shards"]
+    prompts = s[-1]["prompt_end"] - s[0]["prompt_start"]
+    kept = prompts - sum(x["num_filtered"] for x in s)
+    times += [os.path.getmtime(os.path.join(d, x["file"])) for x in s]
+    rows.append((os.path.basename(d), prompts, m["num_prompts"], kept, sum(x.get("num_mismatched", 0) for x in s),
+                 sum(x["num_records"] for x in s), m["metadata"].get("decode_shape")))
+for r in rows:
+    print("%s: %d of %d prompts, %d responses kept, %d mismatched, %d block records, decode shape %s" % r)
+kept = sum(r[3] for r in rows)
+print(f"total: {sum(r[1] for r in rows)} prompts, {kept} responses kept, {sum(r[4] for r in rows)} mismatched")
+if len(times) > 1:
+    print(f"first to last shard: {max(times) - min(times):.0f} s")
+PYEOF
+}
+
+curve_pack() {
+    local dir=$CURVE_RUNS/trajectories_n16 budget=$((CURVE_RETURN_MIB * 1048576)) used=0 size part list=()
+    for part in "$dir"/part-*; do  # a prefix of parts (the curve's sizes are prefixes), ending at the first unfinished
+        [ -f "$part/manifest.json" ] || break
+        size=$(du -sb "$part" | cut -f1)
+        if [ $((used + size)) -gt $budget ]; then break; fi
+        used=$((used + size)) && list+=("trajectories_n16/$(basename "$part")")
+        "$PY" -c "import json, sys; m = json.load(open(sys.argv[1])); s = m['shards']
+sys.exit(0 if s and s[-1]['prompt_end'] == m['num_prompts'] else 1)" "$part/manifest.json" || break
+    done
+    log "curve_pack: ${#list[@]} parts, $(mib $used) MiB"
+    if [ ${#list[@]} -gt 0 ]; then
+        tar cf - -C "$CURVE_RUNS" "${list[@]}" | split -b 15m -d -a 1 - "${OUT:?}/curve.tar."
+    fi
+    ls -la "$OUT"
+}

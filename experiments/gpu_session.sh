@@ -389,6 +389,8 @@ case "${1:-}" in
     scale_start) scale_start "${2:-540}" ;;
     wait) wait_for "${2:-540}" ;;
     pack) pack ;;
-    *) echo "usage: $0 prepare | setup a|b | evidence | kernels | probe | start [S] | scale_start [S] | wait [S] | pack" \
+    curve_collect) curve_collect "${2:-300}" ;;
+    curve_pack) curve_pack ;;
+    *) echo "usage: $0 prepare | setup a|b | evidence | kernels | probe | start [S] | scale_start [S] | wait [S] | pack | curve_collect [S] | curve_pack" \
         "(see the header)" >&2; exit 2 ;;
 esac

@@ -1,13 +1,19 @@
-"""The batched trajectory recorder (``decoding.recording.record_batch``: greedy responses by batched AR, then every
-block of every response as its own row) gives every block exactly the trajectory the one-prompt recorder gives it:
-the same random draft, the same iterates, the same fixed point, whatever the batch size or the prompts beside it."""
+"""The batched trajectory recorder (``decoding.batch_recording.record_batch``: greedy responses by batched AR, then
+every block of every response as its own row, resumed from the AR cache) gives every block exactly the trajectory the
+one-prompt recorder gives it: the same random draft, the same iterates, the same fixed point, whatever the batch size
+or the prompts beside it."""
 
+import dataclasses
 import os
 
+import jax
 import numpy as np
 import pytest
 
-from jf_jax.decoding.recording import record_batch, record_trajectories
+from jf_jax.decoding.batch_recording import record_batch
+from jf_jax.decoding.common import GenerationError
+from jf_jax.decoding.shapes import DecodeShape
+from jf_jax.decoding.recording import record_trajectories
 from tests.support.decoding_models import CFG, VOCAB, ar_tokens, random_params
 
 PROMPTS = [[4, 8, 15, 16, 23, 42], [1, 2], [7] * 11, [3, 9, 27, 81 % VOCAB, 5, 5, 5, 2, 1]]
@@ -53,6 +59,48 @@ def test_batched_recording_stops_after_the_eos_block_and_keeps_prompt_indices():
     assert len(got[0].blocks) == free.index(eos[0]) // 3 + 1
 
 
+@pytest.mark.parametrize("shape", [DecodeShape(1, 8), DecodeShape(2, 16)])
+def test_padded_batched_blocks_are_the_sequential_recorders(shape):
+    """At a fixed decode shape (what GPUs and TPUs run) the AR pass and the block rows still give every block
+    the one-prompt recorder's trajectory."""
+    params = random_params(11, 8.0)
+    want = _sequential(params, PROMPTS, block_size=4, max_new=14, seed=3)
+    got = record_batch(params, CFG, PROMPTS, block_size=4, max_new_tokens=14, seed=3, batch_size=3,
+                       decode_shape=shape)
+    _assert_same(got, want)
+
+
+def test_every_forward_of_the_padded_recorder_has_one_shape(monkeypatch):
+    """Traced token shapes of the recorder at a fixed shape: one prefill shape (AR's and block 0's drafting
+    prefill) and one step shape (AR's steps and every block row's iterations), the cache capacity shared. The
+    block rows forward no context: no trace is as long as a prompt plus earlier blocks."""
+    from jf_jax.model import transformer
+    from jf_jax.model.params import init_params
+
+    traced = []
+    stack = transformer._stack
+
+    def recording(params, cfg, tokens, positions, q_meta, cache, mask_kind, whole_cache=False):
+        traced.append((tuple(tokens.shape), None if cache is None else cache.capacity, whole_cache))
+        return stack(params, cfg, tokens, positions, q_meta, cache, mask_kind, whole_cache)
+
+    monkeypatch.setattr(transformer, "_stack", recording)
+    cfg = dataclasses.replace(CFG, num_layers=1, num_kv_heads=1)  # a config no other test compiles
+    params = init_params(cfg, jax.random.PRNGKey(0))
+    shape = DecodeShape(1, 8)
+    got = record_batch(params, cfg, PROMPTS, block_size=4, max_new_tokens=20, batch_size=2, decode_shape=shape)
+    assert max(len(r.blocks) for r in got) > 2  # later blocks were resumed from the AR cache
+    prompt_bucket, out_bucket = 16, 32
+    capacity = prompt_bucket + out_bucket + shape.width
+    assert set(traced) == {((2, prompt_bucket + shape.width), capacity, True), ((2, shape.width), capacity, True)}
+
+
+def test_a_shape_narrower_than_the_block_is_refused():
+    with pytest.raises(GenerationError, match="1x4"):
+        record_batch(random_params(1, 1.0), CFG, PROMPTS, block_size=8, max_new_tokens=8,
+                     decode_shape=DecodeShape(1, 4))
+
+
 def test_batched_recording_rejects_mismatched_indices():
     with pytest.raises(ValueError, match="prompt_indices"):
         record_batch(random_params(1, 1.0), CFG, PROMPTS, block_size=3, max_new_tokens=6, prompt_indices=[0])
@@ -60,7 +108,8 @@ def test_batched_recording_rejects_mismatched_indices():
 
 TWO_DEVICES = """
 import numpy as np, jax
-from jf_jax.decoding.recording import record_batch, record_trajectories
+from jf_jax.decoding.batch_recording import record_batch
+from jf_jax.decoding.recording import record_trajectories
 from tests.support.decoding_models import CFG, random_params
 assert jax.local_device_count() == 2
 params = random_params(11, 8.0)

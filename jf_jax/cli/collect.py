@@ -66,12 +66,15 @@ def check_lengths(rows: list[dict], prompts, *, max_new_tokens: int, context: in
             f"them out (--domains / --offset / --limit); nothing is truncated silently")
 
 
-def make_record_shard(params, cfg, *, block_size: int, max_new_tokens: int, eos_ids, seed: int, batch_size: int = 1):
+def make_record_shard(params, cfg, *, block_size: int, max_new_tokens: int, eos_ids, seed: int, batch_size: int = 1,
+                      decode_shape=None):
     """``record_shard(example_ids, prompts)`` for ``training.trajectories.collect``: prompt ``example_id`` draws its
     drafts from ``prompt_key(seed, example_id)``, so a response's trajectories do not depend on the shard or the
     batch. ``batch_size`` 1 records one prompt at a time through the Python driver (``record_trajectories``);
-    larger sizes use the batched recorder (``record_batch``: the same trajectories, as rows of batched programs)."""
-    from jf_jax.decoding.recording import record_batch, record_trajectories
+    larger sizes use the batched recorder (``record_batch``: the same trajectories, as rows of batched programs, its
+    forwards padded to ``decode_shape`` when one is given)."""
+    from jf_jax.decoding.batch_recording import record_batch
+    from jf_jax.decoding.recording import record_trajectories
 
     options = dict(block_size=block_size, max_new_tokens=max_new_tokens, eos_ids=eos_ids, seed=seed)
 
@@ -79,28 +82,33 @@ def make_record_shard(params, cfg, *, block_size: int, max_new_tokens: int, eos_
         if batch_size == 1:
             return [record_trajectories(params, cfg, p, prompt_index=i, **options)
                     for i, p in zip(example_ids, prompts)]
-        return record_batch(params, cfg, prompts, prompt_indices=example_ids, batch_size=batch_size, **options)
+        return record_batch(params, cfg, prompts, prompt_indices=example_ids, batch_size=batch_size,
+                            decode_shape=decode_shape, **options)
 
     return record_shard
 
 
 def run_collect(model, rows: list[dict], out: str, *, block_size: int, max_new_tokens: int, seed: int = 0,
                 repetition_filter: bool = False, prompts_per_shard: int = 16, chat: bool = True,
-                metadata: dict | None = None, progress: bool = True, batch_size: int = 1) -> dict:
-    """Collects trajectories of ``model`` (a ``jf_jax.weights.LoadedModel``) on ``rows`` into ``out``."""
-    from jf_jax.api import encode_prompts
+                metadata: dict | None = None, progress: bool = True, batch_size: int = 1,
+                decode_shape: str = "auto") -> dict:
+    """Collects trajectories of ``model`` (a ``jf_jax.weights.LoadedModel``) on ``rows`` into ``out``; the batched
+    recorder pads its forwards to ``decode_shape`` ("auto": on GPUs and TPUs, ``api.run_shape``)."""
+    from jf_jax.api import encode_prompts, run_shape
+    from jf_jax.decoding.shapes import shape_label
     from jf_jax.training.trajectories import collect, repetition_filter as make_filter
 
     prompts = encode_prompts(model, [r["prompt"] for r in rows], chat=chat)
     check_lengths(rows, prompts, max_new_tokens=-(-max_new_tokens // block_size) * block_size,
                   context=model.cfg.max_position_embeddings)
+    shape = run_shape(decode_shape, [("ar", {}), ("jacobi", dict(block_size=block_size))]) if batch_size > 1 else None
     eos = tuple(model.tokenizer.eos_ids)
     keep = make_filter(eos_id=eos[0] if eos else None) if repetition_filter else None
     meta = dict(model=model.name, model_source=model.source, block_size=block_size, max_new_tokens=max_new_tokens,
                 seed=seed, chat=chat, repetition_filter=repetition_filter, eos_ids=list(eos),
-                prompt_ids=[r.get("id") for r in rows], **(metadata or {}))
+                prompt_ids=[r.get("id") for r in rows], decode_shape=shape_label(shape), **(metadata or {}))
     record_shard = make_record_shard(model.params, model.cfg, block_size=block_size, max_new_tokens=max_new_tokens,
-                                     eos_ids=eos, seed=seed, batch_size=batch_size)
+                                     eos_ids=eos, seed=seed, batch_size=batch_size, decode_shape=shape)
     return collect(prompts, None, out, block_size=block_size, prompts_per_shard=prompts_per_shard, keep_fn=keep,
                    metadata=meta, progress=progress, record_shard=record_shard)
 
@@ -131,6 +139,10 @@ def main(argv=None) -> int:
                    help="1 records one prompt at a time through the Python driver; B > 1 decodes the greedy responses "
                         "by batched AR, then iterates every block of every response as rows of batched Jacobi "
                         "programs of B rows (the same trajectories, tested equal)")
+    p.add_argument("--decode-shape", default="auto",
+                   help="with --batch-size > 1: pad the AR and Jacobi forwards to one shape, ROWSxWIDTH per prompt: "
+                        "'auto' (1xN on GPUs and TPUs, so a block's fixed point gets AR's bits; off on CPUs, whose "
+                        "decode path is invariant by construction), 'off', or e.g. 1x32 (jf_jax.decoding.shapes)")
     p.add_argument("--no-progress", action="store_true")
     add_distributed_args(p)
     args = p.parse_args(argv)
@@ -139,6 +151,14 @@ def main(argv=None) -> int:
             p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.batch_size > MAX_BATCH_SIZE:
         p.error(f"--batch-size must be at most {MAX_BATCH_SIZE}, got {args.batch_size}")
+    from jf_jax.api import run_shape
+    from jf_jax.decoding.common import GenerationError
+
+    try:
+        run_shape(args.decode_shape, [("ar", {}), ("jacobi", dict(block_size=args.block_size))], backend="cpu")
+    except GenerationError as e:
+        print(f"error: --decode-shape: {e}", file=sys.stderr)
+        return 2
     problem = directory_problem(args.out)
     if problem:
         print(f"error: cannot write --out {args.out}: {problem}", file=sys.stderr)
@@ -162,7 +182,7 @@ def main(argv=None) -> int:
         manifest = run_collect(model, rows, out, block_size=args.block_size,
                                max_new_tokens=args.max_new_tokens, seed=args.seed,
                                repetition_filter=args.repetition_filter, prompts_per_shard=args.prompts_per_shard,
-                               chat=not args.no_chat, batch_size=args.batch_size,
+                               chat=not args.no_chat, batch_size=args.batch_size, decode_shape=args.decode_shape,
                                metadata=dict(prompts_file=args.prompts, prompts_file_sha256=file_sha,
                                              model_spec=args.model, dtype=args.dtype,
                                              batch_size=args.batch_size),

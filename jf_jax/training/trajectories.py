@@ -206,7 +206,7 @@ def collect(prompts: Sequence[Sequence[int]], record_fn: Callable | None, out_di
                                                             eos_ids=(eos,), seed=s)
 
     Or, instead, ``record_shard(example_ids, prompts)`` -> one such sequence per prompt: a whole shard at once
-    (the batched recorder, ``recording.record_batch``, whose per-prompt ``ResponseTrajectories`` carry ``blocks``
+    (the batched recorder, ``batch_recording.record_batch``, whose per-prompt ``ResponseTrajectories`` carry ``blocks``
     and ``mismatched``: responses cut short because a fixed point differed from the batched AR response are
     counted per shard in ``num_mismatched``).
     keep_fn(response_ids) -> bool (e.g. ``repetition_filter()``) drops a prompt whose response it rejects.
