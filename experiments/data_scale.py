@@ -60,8 +60,9 @@ class Preset:
 
 PRESETS = {
     # Two CPU cores decode ~15-20 tokens/s: 24 prompts per file and 128 tokens keep one evaluation near 15 minutes.
+    # Batch 1: on a CPU the batched collector is slower than the one-prompt recorder (docs/training.md, Collect).
     "cpu": Preset(sizes=(250, 500, 1000, 2000), arms=("ce", "kl"), part_size=250, second_arm_from=1000,
-                  eval_limit=24, eval_max_new_tokens=128),
+                  collect_batch=1, eval_limit=24, eval_max_new_tokens=128),
     "gpu": Preset(sizes=(6144,), arms=("ce", "kl"), part_size=1024, collect_batch=128),
     "tiny": Preset(sizes=(4, 8), arms=("ce", "kl"), part_size=4, second_arm_from=8, block_size=4, max_new_tokens=16,
                    collect_batch=4,
@@ -83,6 +84,12 @@ def jf(*args: str) -> None:
     code = importlib.import_module(COMMANDS[args[0]][0]).main(list(args[1:]))
     if code:
         raise StageFailed(f"jf-jax {args[0]} exited with {code}")
+
+
+def shard_size(preset: Preset) -> int:
+    """Prompts per collection shard: one batch of the batched collector (so its AR pass decodes full batches), at
+    least 16 (the one-prompt recorder's shards), at most a part."""
+    return min(preset.part_size, max(16, preset.collect_batch))
 
 
 def responses_in(parts: list[str]) -> int:
@@ -143,7 +150,7 @@ def main(argv=None) -> int:
                    "--offset", str(i * preset.part_size), "--limit", str(preset.part_size), "--out", part,
                    "--block-size", str(preset.block_size), "--max-new-tokens", str(preset.max_new_tokens),
                    "--batch-size", str(preset.collect_batch), "--dtype", preset.dtype, "--repetition-filter",
-                   "--prompts-per-shard", str(min(preset.part_size, preset.collect_batch)), "--no-progress")
+                   "--prompts-per-shard", str(shard_size(preset)), "--no-progress")
     trained, kept = [], {}
     for size in preset.sizes:
         used = parts[: math.ceil(size / preset.part_size)]

@@ -21,6 +21,13 @@
 #         carry: .gpu/b .gpu/whl runs/data_scale/prompts      (the pipeline runs on in its own session)
 #   3. bash experiments/gpu_session.sh wait 540; bash experiments/gpu_session.sh pack
 #         carry: nothing (the pipeline copied the prompts to $STATE); a 4th call likewise if it is not finished
+# The learning curve's data instead (the fourth session: 15 device-minutes), two calls to the same warm machine:
+#   1. bash experiments/gpu_session.sh setup a            carry: .gpu/a .gpu/whl
+#   2. bash experiments/gpu_session.sh setup b && BATCH=128 bash experiments/gpu_session.sh curve_collect 440;
+#      bash experiments/gpu_session.sh curve_pack; bash experiments/gpu_session.sh pack
+#                                                          carry: .gpu/b .gpu/whl runs/data_scale/prompts
+#   (the whole 10,111-prompt pool took ~9 minutes at batch 128; CURVE_PROMPTS picks how many; curve_pack returns
+#   the parts as curve.tar.N pieces: cat curve.tar.* | tar x -C runs/data_scale)
 # `pack` leaves everything as one tarball under $OUT (unpack it in the repository root); each call's tarball holds
 # all the results so far, so the last one is enough.
 #
