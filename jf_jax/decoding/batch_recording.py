@@ -13,7 +13,8 @@ known, block k is an independent n-token Jacobi decode of ``prompt ++ response[:
    one-prompt decoder's exact state when it begins that block (the same committed tokens, the same cache
    lengths, the draft ``[response[k*n]] ++ (n-1) ids drawn with blocks.block_key(prompt key, k*n)``). No
    context is forwarded again: a row costs only its Jacobi iterations.
-4. Every row iterates the Jacobi step to its n-token fixed point; each iterate is recorded.
+4. Every row iterates the Jacobi step to its n-token fixed point in one compiled loop that records each iterate
+   on device (``BlockResume.run_recording``), so the host waits once per batch of rows, not once per iteration.
 
 Why the rows' iterates are the one-prompt decoder's: a committed token's key and value depend only on the token,
 its position and the keys before it, and the decode forward gives a token the same bits whatever else the forward
@@ -37,7 +38,7 @@ from jf_jax.decoding.blocks import block_key, draw_context
 from jf_jax.decoding.common import MAX_BATCH_SIZE, check_int, eos_array, prepare_prompts, prompt_key
 from jf_jax.decoding.jacobi import JacobiDecoder, JacobiState
 from jf_jax.decoding.placement import local_rows_mesh, place_rows, replicate, rows_multiple
-from jf_jax.decoding.recording import BlockTrajectory, iterate_view
+from jf_jax.decoding.recording import BlockTrajectory
 from jf_jax.decoding.runner import MAX_BLOCK_SIZE
 from jf_jax.decoding.shapes import DecodeShape
 from jf_jax.model.config import ModelConfig
@@ -86,6 +87,32 @@ class BlockResume(JacobiDecoder):
             eos_ids=jnp.broadcast_to(jnp.asarray(eos_array(())), (R, 8)), forwards=zeros, block=starts // n,
             block_iters=jnp.zeros((R, responses.shape[1] // n + 2), jnp.int32),
             accept_hist=jnp.zeros((R, n + 1), jnp.int32), stop=zeros)
+
+    @decode_jit(static_argnums=0, donate_argnums=3)
+    def run_recording(self, params, state: JacobiState, states, num):
+        """Iterates every row to its block's fixed point in one ``lax.while_loop``, appending each running row's
+        iterate to ``states`` [R, n + 2, n] at ``num`` [R] (its count so far): the view ``recording.iterate_view``
+        takes on the host, ``accepted prefix ++ next draft`` and last the fixed point. A block of n tokens takes at
+        most n iterations, each accepting at least one token, so n + 2 slots hold block 0's draft, its prefill's
+        first iterate and every iteration."""
+        n = self.block_size
+        j = jnp.arange(n)
+
+        def view(out, start, count, draft):
+            accepted = count - start
+            return jnp.where(j < accepted, out[jnp.clip(start + j, 0, out.shape[0] - 1)],
+                             draft[jnp.clip(j - accepted, 0, n - 1)])
+
+        def body(carry):
+            s, states, num = carry
+            new = self._step(params, s)
+            views = jax.vmap(view)(new.out, s.block_start, new.count, new.draft)
+            slot = jnp.where(s.done, states.shape[1], num)  # rows done before this iteration record nothing
+            states = jax.vmap(lambda rows, i, v: rows.at[i].set(v, mode="drop"))(states, slot, views)
+            return new, states, num + ~s.done
+
+        _, states, num = jax.lax.while_loop(lambda c: ~jnp.all(c[0].done), body, (state, states, num))
+        return states, num
 
 
 def record_batch(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, block_size: int,
@@ -167,21 +194,17 @@ class _Recorder:
         return [self._response(prompts[i], responses[i], [states[(i, k)] for k in range(-(-len(responses[i]) // n))])
                 for i in range(real)]
 
-    def _iterate(self, decoder: JacobiDecoder, state: JacobiState, starts) -> list[np.ndarray]:
-        """Runs rows to their blocks' fixed points; per row every iterate, [K + 1, n]."""
+    def _iterate(self, decoder: "BlockResume", state: JacobiState, starts) -> list[np.ndarray]:
+        """Runs rows to their blocks' fixed points on device (``BlockResume.run_recording``: no host round trip
+        per iteration); per row every iterate, [K + 1, n]."""
         n = self.n
-        block_init, draft = jax.device_get((state.block_init, state.draft))
-        # block 0's prefill already made its first iterate; a later block's first state is its draft
-        states = [[block_init[r]] + ([draft[r]] if starts[r] == 0 else []) for r in range(len(starts))]
-        running = np.ones(len(starts), bool)
-        while running.any():
-            state = decoder.step(self.params, state)
-            out, count, draft, draft_len = jax.device_get((state.out, state.count, state.draft, state.draft_len))
-            for r in np.flatnonzero(running):
-                view, fixed_point = iterate_view(out[r], int(starts[r]), int(count[r]), draft[r], int(draft_len[r]), n)
-                states[r].append(view)
-                running[r] = not fixed_point
-        return [np.stack(s).astype(np.int32) for s in states]
+        block_init, draft = state.block_init, state.draft
+        first = jnp.asarray(starts == 0)  # block 0's prefill already made its first iterate
+        states = jnp.zeros((len(starts), n + 2, n), jnp.int32).at[:, 0].set(block_init)
+        states = states.at[:, 1].set(jnp.where(first[:, None], draft, 0))
+        num = jnp.where(first, 2, 1).astype(jnp.int32)
+        states, num = jax.device_get(decoder.run_recording(self.params, state, states, num))
+        return [states[r, : num[r]] for r in range(len(starts))]
 
     def _response(self, prompt, response: np.ndarray, block_states: list[np.ndarray]) -> ResponseTrajectories:
         """A response's blocks in order, up to the block holding EOS or the first that disagrees with AR."""
