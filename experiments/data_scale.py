@@ -113,7 +113,8 @@ def main(argv=None) -> int:
     p.add_argument("--collect-batch", type=int, help="rows of the batched collector (default: the preset's)")
     p.add_argument("--worker", default="0/1", metavar="I/N",
                    help="collect only parts I, I+N, I+2N, ...: N processes (or devices, or machines) collecting one "
-                        "curve side by side, each its own parts (a part is one trajectory directory)")
+                        "curve side by side, each its own parts (a part is one trajectory directory); use with "
+                        "--stages collect, and run the other stages once all parts are there")
     p.add_argument("--prompt-dir", help="an existing prompt pool (train.jsonl, heldout_code.jsonl, "
                                         "heldout_math.jsonl) instead of building one under --runs")
     args = p.parse_args(argv)
@@ -125,12 +126,15 @@ def main(argv=None) -> int:
                                      train_overrides=(*preset.train_overrides, f"model.path={args.model}"))
     if args.arms:
         preset = dataclasses.replace(preset, arms=tuple(args.arms.split(",")))
-    if args.collect_batch:
+    if args.collect_batch is not None:
+        if args.collect_batch < 1:
+            p.error(f"--collect-batch must be at least 1, got {args.collect_batch}")
         preset = dataclasses.replace(preset, collect_batch=args.collect_batch)
     try:
         worker, workers = (int(x) for x in args.worker.split("/"))
-        assert 0 <= worker < workers
-    except (ValueError, AssertionError):
+    except ValueError:
+        worker, workers = -1, 0
+    if not 0 <= worker < workers:
         p.error(f"--worker is I/N with 0 <= I < N, got {args.worker!r}")
     unknown = set(preset.arms) - set(ARMS)
     if unknown:

@@ -206,7 +206,7 @@ scale_pipeline() {
 # (`--preset cpu`, so the CPU run trains on them as if it had collected them), CURVE_WORKERS processes each taking
 # every N-th part with the batched recorder at BATCH rows, in a box of $1 seconds (a part cut by the box keeps its
 # complete shards and resumes). `curve_pack` brings the parts back: a prefix of them, as many as fit in the 64 MiB
-# a call returns, as pieces of one tarball (unpack in the repository root: cat curve.tar.* | tar x).
+# a call returns, as pieces of one tarball (in the repository root: cat curve.tar.* | tar x -C runs/data_scale).
 CURVE_RUNS=$STATE/curve
 CURVE_PROMPTS=${CURVE_PROMPTS:-6000}
 CURVE_WORKERS=${CURVE_WORKERS:-2}

@@ -84,6 +84,24 @@ def test_collect_cli_refuses_an_unwritable_out_before_loading_a_model(tmp_path, 
     assert f"{prompts} is not a directory" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--batch-size", "4", "--decode-shape", "1x8"], "the fixed decode shape 1x8"),
+    (["--decode-shape", "1x32"], "give --batch-size > 1 with it"),
+    (["--decode-shape", "wide"], "ROWSxWIDTH"),
+])
+def test_collect_cli_refuses_a_decode_shape_it_cannot_use_before_loading_a_model(tmp_path, monkeypatch, capsys, args,
+                                                                                  message):
+    import jf_jax.api
+    from jf_jax.cli.collect import main
+
+    monkeypatch.setattr(jf_jax.api, "load_model", _no_model)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps(ROWS[0]) + "\n")
+    assert main(["--prompts", str(prompts), "--out", str(tmp_path / "t"), "--block-size", "16", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --decode-shape") and message in err and "Traceback" not in err
+
+
 def test_output_dir_check_creates_the_directory_and_leaves_nothing_in_it(tmp_path):
     from jf_jax.cli.output_paths import directory_problem
 

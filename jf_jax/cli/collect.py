@@ -159,6 +159,10 @@ def main(argv=None) -> int:
     except GenerationError as e:
         print(f"error: --decode-shape: {e}", file=sys.stderr)
         return 2
+    if args.decode_shape not in ("auto", "off") and args.batch_size == 1:
+        print("error: --decode-shape pads the batched collector's forwards: give --batch-size > 1 with it (the "
+              "one-prompt recorder runs at natural shapes)", file=sys.stderr)
+        return 2
     problem = directory_problem(args.out)
     if problem:
         print(f"error: cannot write --out {args.out}: {problem}", file=sys.stderr)

@@ -43,6 +43,7 @@ from jf_jax.decoding.runner import MAX_BLOCK_SIZE
 from jf_jax.decoding.shapes import DecodeShape
 from jf_jax.model.config import ModelConfig
 from jf_jax.model.decode_jit import decode_jit
+from jf_jax.model.decode_view import as_decode_view
 from jf_jax.model.kv_cache import KVCache
 
 
@@ -89,9 +90,9 @@ class BlockResume(JacobiDecoder):
             accept_hist=jnp.zeros((R, n + 1), jnp.int32), stop=zeros)
 
     @decode_jit(static_argnums=0, donate_argnums=3)
-    def run_recording(self, params, state: JacobiState, states, num):
+    def run_recording(self, params, state: JacobiState, iterates, num):
         """Iterates every row to its block's fixed point in one ``lax.while_loop``, appending each running row's
-        iterate to ``states`` [R, n + 2, n] at ``num`` [R] (its count so far): the view ``recording.iterate_view``
+        iterate to ``iterates`` [R, n + 2, n] at ``num`` [R] (its count so far): the view ``recording.iterate_view``
         takes on the host, ``accepted prefix ++ next draft`` and last the fixed point. A block of n tokens takes at
         most n iterations, each accepting at least one token, so n + 2 slots hold block 0's draft, its prefill's
         first iterate and every iteration."""
@@ -104,15 +105,15 @@ class BlockResume(JacobiDecoder):
                              draft[jnp.clip(j - accepted, 0, n - 1)])
 
         def body(carry):
-            s, states, num = carry
+            s, iterates, num = carry
             new = self._step(params, s)
             views = jax.vmap(view)(new.out, s.block_start, new.count, new.draft)
-            slot = jnp.where(s.done, states.shape[1], num)  # rows done before this iteration record nothing
-            states = jax.vmap(lambda rows, i, v: rows.at[i].set(v, mode="drop"))(states, slot, views)
-            return new, states, num + ~s.done
+            slot = jnp.where(s.done, iterates.shape[1], num)  # rows done before this iteration record nothing
+            iterates = jax.vmap(lambda rows, i, v: rows.at[i].set(v, mode="drop"))(iterates, slot, views)
+            return new, iterates, num + ~s.done
 
-        _, states, num = jax.lax.while_loop(lambda c: ~jnp.all(c[0].done), body, (state, states, num))
-        return states, num
+        _, iterates, num = jax.lax.while_loop(lambda c: ~jnp.all(c[0].done), body, (state, iterates, num))
+        return iterates, num
 
 
 def record_batch(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, block_size: int,
@@ -134,12 +135,12 @@ def record_batch(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, 
     if decode_shape is not None:
         decode_shape.check_covers("the trajectory recorder", 1, n)
     mesh = local_rows_mesh()
-    batch_size = -(-check_int("batch_size", batch_size, 1, MAX_BATCH_SIZE) // rows_multiple(mesh)) * rows_multiple(mesh)
+    # no more rows than prompts (rounded up to fill the devices): a CPU forward costs in proportion to its rows
+    rows = min(check_int("batch_size", batch_size, 1, MAX_BATCH_SIZE), max(len(prompts), 1))
+    batch_size = -(-rows // rows_multiple(mesh)) * rows_multiple(mesh)
     indices = list(range(len(prompts))) if prompt_indices is None else [int(i) for i in prompt_indices]
     if len(indices) != len(prompts):
         raise ValueError(f"{len(prompts)} prompts but {len(indices)} prompt_indices")
-    from jf_jax.model.decode_view import as_decode_view  # deferred: the decode view imports the model stack
-
     params = replicate(mesh, as_decode_view(params))
     recorder = _Recorder(params, cfg, n, whole_blocks, decode_shape, mesh, eos_ids, batch_size)
     order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
@@ -151,8 +152,10 @@ def record_batch(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, 
     return [results[i] for i in range(len(prompts))]
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class _Recorder:
+    """The settings of one ``record_batch`` call, and its per-batch work."""
+
     params: object
     cfg: ModelConfig
     n: int
@@ -179,9 +182,10 @@ class _Recorder:
         responses = [np.asarray(out[i, : count[i]], np.int32) for i in range(real)]
 
         blocks = BlockResume(self.cfg, n, shape=self.shape)
-        first = blocks.init(self.params, tokens, lengths, keys, jnp.zeros_like(keys), jnp.int32(n),
-                            eos_array(()), prep.out_capacity, prep.cache_capacity)
-        states = {(i, 0): s for i, s in enumerate(self._iterate(blocks, first, np.zeros(B, np.int64))[:real])}
+        # block 0's state (and its cache) lives only for its own iterations
+        by_block = {(i, 0): iterates for i, iterates in enumerate(self._iterate(
+            blocks, blocks.init(self.params, tokens, lengths, keys, jnp.zeros_like(keys), jnp.int32(n),
+                                eos_array(()), prep.out_capacity, prep.cache_capacity), np.zeros(B, np.int64))[:real])}
         later = [(i, k) for i in range(real) for k in range(1, -(-len(responses[i]) // n))]
         for start in range(0, len(later), B):
             chunk = later[start: start + B]
@@ -190,27 +194,29 @@ class _Recorder:
             starts = np.asarray([k * n for _, k in chunk], np.int32)
             resumed = blocks.resume(state.cache, tokens, lengths, state.out, keys,
                                     *place_rows(self.mesh, rows, starts))
-            states.update(zip(chunk, self._iterate(blocks, resumed, starts)))
-        return [self._response(prompts[i], responses[i], [states[(i, k)] for k in range(-(-len(responses[i]) // n))])
-                for i in range(real)]
+            by_block.update(zip(chunk, self._iterate(blocks, resumed, starts)))
+        return [self._response(prompts[i], responses[i],
+                               [by_block[(i, k)] for k in range(-(-len(responses[i]) // n))]) for i in range(real)]
 
-    def _iterate(self, decoder: "BlockResume", state: JacobiState, starts) -> list[np.ndarray]:
+    def _iterate(self, decoder: BlockResume, state: JacobiState, starts) -> list[np.ndarray]:
         """Runs rows to their blocks' fixed points on device (``BlockResume.run_recording``: no host round trip
         per iteration); per row every iterate, [K + 1, n]."""
         n = self.n
         block_init, draft = state.block_init, state.draft
         first = jnp.asarray(starts == 0)  # block 0's prefill already made its first iterate
-        states = jnp.zeros((len(starts), n + 2, n), jnp.int32).at[:, 0].set(block_init)
-        states = states.at[:, 1].set(jnp.where(first[:, None], draft, 0))
+        iterates = jnp.zeros((len(starts), n + 2, n), jnp.int32).at[:, 0].set(block_init)
+        iterates = iterates.at[:, 1].set(jnp.where(first[:, None], draft, 0))
         num = jnp.where(first, 2, 1).astype(jnp.int32)
-        states, num = jax.device_get(decoder.run_recording(self.params, state, states, num))
-        return [states[r, : num[r]] for r in range(len(starts))]
+        iterates, num = jax.device_get(decoder.run_recording(self.params, state, iterates, num))
+        if not (num <= n + 2).all():  # a trajectory cut before its fixed point would pass as a shorter one
+            raise AssertionError(f"a block recorded {num.max()} iterates, more than the {n + 2} an n-token block can")
+        return [iterates[r, : num[r]] for r in range(len(starts))]
 
-    def _response(self, prompt, response: np.ndarray, block_states: list[np.ndarray]) -> ResponseTrajectories:
+    def _response(self, prompt, response: np.ndarray, block_iterates: list[np.ndarray]) -> ResponseTrajectories:
         """A response's blocks in order, up to the block holding EOS or the first that disagrees with AR."""
         n, eos = self.n, {int(e) for e in self.eos_ids}
         blocks = []
-        for k, states in enumerate(block_states):
+        for k, states in enumerate(block_iterates):
             context = np.concatenate([np.asarray(prompt, np.int32), response[: k * n]])
             blocks.append(BlockTrajectory(prompt_ids=context, states=states))
             expected = response[k * n: (k + 1) * n]

@@ -16,7 +16,8 @@ bonus token is emitted and ends generation; nothing is emitted past EOS or ``max
 
 Drivers (``decoding.runner``): ``run_compiled`` (a ``lax.while_loop`` over iterations and blocks, no host round
 trip) and ``run_python`` (the same jitted step from Python: streams tokens; ``decoding.recording`` records every
-iterate of every block for training).
+iterate of every block for training). The batched recorder (``decoding.batch_recording``) runs the same step in a
+loop of its own that records every iterate on device.
 """
 
 from __future__ import annotations

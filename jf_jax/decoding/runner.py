@@ -7,7 +7,8 @@ finished row keeps its state, ``keep_if_done``). This module gives every such de
 
 * drivers: ``run_compiled`` (a ``lax.while_loop`` of the step on device until every row is done, no host round
   trip) and ``run_python`` (the same jitted step from Python: streams accepted tokens and lets an observer see
-  every state, which is how trajectories are recorded); a test asserts both give identical tokens;
+  every state, which is how the one-prompt recorder records trajectories; the batched recorder,
+  ``decoding.batch_recording``, records on device in a loop of its own); a test asserts both give identical tokens;
 * request loop ``decode_prompts``: validation of the options, warm-up compilation, the prompts decoded
   ``batch_size`` at a time and timed with and without their prefill, statistics from ``decoding.stats`` and the
   ``GenerationResult``.
