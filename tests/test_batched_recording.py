@@ -74,17 +74,10 @@ def test_every_forward_of_the_padded_recorder_has_one_shape(monkeypatch):
     """Traced token shapes of the recorder at a fixed shape: one prefill shape (AR's and block 0's drafting
     prefill) and one step shape (AR's steps and every block row's iterations), the cache capacity shared. The
     block rows forward no context: no trace is as long as a prompt plus earlier blocks."""
-    from jf_jax.model import transformer
     from jf_jax.model.params import init_params
+    from tests.support.traces import record_stack_traces
 
-    traced = []
-    stack = transformer._stack
-
-    def recording(params, cfg, tokens, positions, q_meta, cache, mask_kind, whole_cache=False):
-        traced.append((tuple(tokens.shape), None if cache is None else cache.capacity, whole_cache))
-        return stack(params, cfg, tokens, positions, q_meta, cache, mask_kind, whole_cache)
-
-    monkeypatch.setattr(transformer, "_stack", recording)
+    traced = record_stack_traces(monkeypatch)
     cfg = dataclasses.replace(CFG, num_layers=1, num_kv_heads=1)  # a config no other test compiles
     params = init_params(cfg, jax.random.PRNGKey(0))
     shape = DecodeShape(1, 8)

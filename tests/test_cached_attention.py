@@ -19,6 +19,7 @@ from jf_jax.model.cached_attention import CHUNK, cached_attention, part_a_sizes
 from jf_jax.model.config import ModelConfig
 from jf_jax.model.decode_jit import YNN_OPTION, decode_jit
 from jf_jax.model.decode_view import decode_view
+from jf_jax.model import machine
 from jf_jax.model.kv_cache import KVCache
 from jf_jax.model.params import cast_params, init_params
 from jf_jax.model.token_meta import cache_key_meta, causal_meta, concat_meta
@@ -77,6 +78,11 @@ MID = ModelConfig(architecture="llama", vocab_size=512, hidden_size=576, interme
                   max_position_embeddings=2048, attention_bias=False, tie_word_embeddings=True)
 
 
+def _has_amx() -> bool:
+    flags = machine.detect().cpu_flags
+    return flags is not None and "amx_bf16" in flags
+
+
 def _rms_norm_then_dot(x, w):
     x32 = x.astype(jnp.float32)
     x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + 1e-5)
@@ -101,7 +107,10 @@ def test_decode_programs_keep_reductions_out_of_ynnpack_whatever_the_environment
 @pytest.mark.parametrize("kernels", [False, True], ids=["plain-jax", "cpu-kernels"])
 @pytest.mark.parametrize("dtype,layout", [("float32", "shards"), ("bfloat16", "shards"), ("bfloat16", "packed"),
                                           ("bfloat16", "int8")])
-def test_a_token_gets_the_same_bits_however_its_forward_is_shaped(dtype, layout, kernels, monkeypatch):
+def test_a_token_gets_the_same_bits_however_its_forward_is_shaped(dtype, layout, kernels, monkeypatch, request):
+    if dtype == "bfloat16" and (layout == "shards" or (layout == "packed" and not kernels)) and _has_amx():
+        # Strict: the day these pass on an AMX CPU, the marker fails and the README's device table must change.
+        request.applymarker(pytest.mark.xfail(strict=True, reason=machine.AMX_BF16_NOT_INVARIANT))
     if kernels:
         kernel_gate.apply(kernel_gate.this_machine())  # skips on a CPU without them, fails if they are not built
     if not kernels:  # the plain-JAX twins (attention; XLA's dot for packed weights) must be invariant too

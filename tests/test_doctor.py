@@ -85,6 +85,13 @@ def test_gpu_bf16_is_passed_over_while_it_is_not_shown_lossless():
     assert choice.dtype == "float32" and "bfloat16 is faster" in choice.reason and "is NOT shown" in choice.reason
 
 
+def test_cpu_bf16_is_passed_over_on_a_cpu_with_amx():
+    amx = cpu(AVX512_BF16 | {"amx_bf16", "amx_tile"})
+    choice = machine.choose_dtype("auto", amx)
+    assert choice.dtype == "float32" and "bfloat16 is faster" in choice.reason and "with AMX" in choice.reason
+    assert machine.choose_dtype("auto", cpu(AVX512_BF16)).dtype == "bfloat16"
+
+
 def test_int8_without_vnni_is_flagged_slow_and_never_chosen():
     assert "slow" in machine.engine_path(cpu(AVX2), "int8").note
     assert machine.engine_path(cpu(AVX512_BF16), "int8").summary == "int8 via jf-jax AVX512-VNNI kernels"

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from tests.support.decoding_models import CFG, random_params
+from tests.support.traces import record_stack_traces
 from jf_jax.cli import decode as decode_cli
 from jf_jax.decoding.ar import generate_ar
 from jf_jax.decoding.common import GenerationError
@@ -24,7 +25,6 @@ from jf_jax.decoding.multiblock import generate_mr
 from jf_jax.decoding.sampling import Sampling
 from jf_jax.api import run_shape
 from jf_jax.decoding.shapes import DecodeShape, default_decode_shape, natural_shape
-from jf_jax.model import transformer
 from jf_jax.model.cached_attention import cached_attention, whole_cache_attention
 
 SHAPE = DecodeShape(4, 16)
@@ -62,14 +62,7 @@ def test_every_forward_of_a_run_has_one_shape(monkeypatch):
     """The model's stack is traced once per program: record the token shape and the cache capacity of each
     trace. Padded, AR, Jacobi and multi-block runs trace one prefill shape and one step shape between them;
     unpadded, they trace several (so the check can fail)."""
-    traced = []
-    stack = transformer._stack
-
-    def recording(params, cfg, tokens, positions, q_meta, cache, mask_kind, whole_cache=False):
-        traced.append((tuple(tokens.shape), None if cache is None else cache.capacity, whole_cache))
-        return stack(params, cfg, tokens, positions, q_meta, cache, mask_kind, whole_cache)
-
-    monkeypatch.setattr(transformer, "_stack", recording)
+    traced = record_stack_traces(monkeypatch)
     cfg = dataclasses.replace(CFG, num_layers=1)  # a config no other test compiles: every program is traced here
     params = transformer_params(cfg)
     _runs(params, cfg, SHAPE, max_new=8)

@@ -146,9 +146,17 @@ def engine_path(machine: Machine, dtype: str) -> EnginePath:
                       "(results/studies/decode_engine_speed/dtypes_avx2.json)")
 
 
-def lossless_evidence(backend: str, dtype: str) -> str:
-    """Where jacobi / mr == AR has been shown for ``dtype`` on ``backend`` (or that it has not)."""
+AMX_BF16_NOT_INVARIANT = ("NOT shown on a CPU with AMX: there XLA's bf16 dot gives a row other bits at 1, 2 and "
+                          ">= 3 rows (tests/test_cached_attention.py, the bf16 shards and packed cases, fail)")
+"""Seen on a 2-core Xeon with amx_bf16 (2026-11-26); the AVX512-BF16 and AVX2 machines the tests passed on lack AMX."""
+
+
+def lossless_evidence(backend: str, dtype: str, machine: Machine | None = None) -> str:
+    """Where jacobi / mr == AR has been shown for ``dtype`` on ``backend`` (or that it has not); ``machine`` narrows
+    the CPU evidence to what holds on its CPU."""
     key = (backend, dtype)
+    if machine is not None and key == ("cpu", "bfloat16") and "amx_bf16" in (machine.cpu_flags or ()):
+        return AMX_BF16_NOT_INVARIANT
     return LOSSLESS.get(key) or NOT_LOSSLESS.get(key) or f"not shown: no run on {backend} in {dtype} is recorded"
 
 
@@ -190,12 +198,12 @@ def choose_dtype(requested: str, machine: Machine | None = None) -> DtypeChoice:
     machine = detect() if machine is None else machine
     ranked = fastest_first(machine)
     for rank, (dtype, speed) in enumerate(ranked):
-        if (machine.backend, dtype) in LOSSLESS:
+        if lossless_evidence(machine.backend, dtype, machine) == LOSSLESS.get((machine.backend, dtype)):
             if rank == 0:
                 return DtypeChoice(dtype, "auto", f"the fastest dtype here, and shown lossless on {machine.backend}: "
                                                   f"{speed}")
-            passed = "; ".join(f"{d} is faster ({why}) but lossless decoding is {lossless_evidence(machine.backend, d)}"
-                               for d, why in ranked[:rank])
+            passed = "; ".join(f"{d} is faster ({why}) but lossless decoding is "
+                               f"{lossless_evidence(machine.backend, d, machine)}" for d, why in ranked[:rank])
             return DtypeChoice(dtype, "auto", f"the fastest dtype shown lossless on {machine.backend}: {passed}")
     return DtypeChoice("float32", "auto", f"no dtype has been shown lossless on {machine.backend}: float32, the "
                                           "reference (full float32 matmuls in every decode program)")
