@@ -78,11 +78,6 @@ MID = ModelConfig(architecture="llama", vocab_size=512, hidden_size=576, interme
                   max_position_embeddings=2048, attention_bias=False, tie_word_embeddings=True)
 
 
-def _has_amx() -> bool:
-    flags = machine.detect().cpu_flags
-    return flags is not None and "amx_bf16" in flags
-
-
 def _rms_norm_then_dot(x, w):
     x32 = x.astype(jnp.float32)
     x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + 1e-5)
@@ -108,7 +103,8 @@ def test_decode_programs_keep_reductions_out_of_ynnpack_whatever_the_environment
 @pytest.mark.parametrize("dtype,layout", [("float32", "shards"), ("bfloat16", "shards"), ("bfloat16", "packed"),
                                           ("bfloat16", "int8")])
 def test_a_token_gets_the_same_bits_however_its_forward_is_shaped(dtype, layout, kernels, monkeypatch, request):
-    if dtype == "bfloat16" and (layout == "shards" or (layout == "packed" and not kernels)) and _has_amx():
+    rows_vary = machine.bf16_rows_vary(machine.detect())
+    if dtype == "bfloat16" and (layout == "shards" or (layout == "packed" and not kernels)) and rows_vary:
         # Strict: the day these pass on an AMX CPU, the marker fails and the README's device table must change.
         request.applymarker(pytest.mark.xfail(strict=True, reason=machine.AMX_BF16_NOT_INVARIANT))
     if kernels:

@@ -151,11 +151,21 @@ AMX_BF16_NOT_INVARIANT = ("NOT shown on a CPU with AMX: there XLA's bf16 dot giv
 """Seen on a 2-core Xeon with amx_bf16 (2026-11-26); the AVX512-BF16 and AVX2 machines the tests passed on lack AMX."""
 
 
+def bf16_rows_vary(machine: Machine) -> bool:
+    """A CPU on which XLA's bf16 dot gives a row bits that depend on the row count (``AMX_BF16_NOT_INVARIANT``)."""
+    return machine.backend == "cpu" and "amx_bf16" in (machine.cpu_flags or ())
+
+
+def shown_lossless(machine: Machine, dtype: str) -> bool:
+    """Whether jacobi / mr == AR has been shown for ``dtype`` on ``machine`` (its backend, narrowed by its CPU)."""
+    return (machine.backend, dtype) in LOSSLESS and not (dtype == "bfloat16" and bf16_rows_vary(machine))
+
+
 def lossless_evidence(backend: str, dtype: str, machine: Machine | None = None) -> str:
     """Where jacobi / mr == AR has been shown for ``dtype`` on ``backend`` (or that it has not); ``machine`` narrows
     the CPU evidence to what holds on its CPU."""
     key = (backend, dtype)
-    if machine is not None and key == ("cpu", "bfloat16") and "amx_bf16" in (machine.cpu_flags or ()):
+    if machine is not None and dtype == "bfloat16" and bf16_rows_vary(machine):
         return AMX_BF16_NOT_INVARIANT
     return LOSSLESS.get(key) or NOT_LOSSLESS.get(key) or f"not shown: no run on {backend} in {dtype} is recorded"
 
@@ -198,7 +208,7 @@ def choose_dtype(requested: str, machine: Machine | None = None) -> DtypeChoice:
     machine = detect() if machine is None else machine
     ranked = fastest_first(machine)
     for rank, (dtype, speed) in enumerate(ranked):
-        if lossless_evidence(machine.backend, dtype, machine) == LOSSLESS.get((machine.backend, dtype)):
+        if shown_lossless(machine, dtype):
             if rank == 0:
                 return DtypeChoice(dtype, "auto", f"the fastest dtype here, and shown lossless on {machine.backend}: "
                                                   f"{speed}")
