@@ -19,7 +19,6 @@ from jf_jax.model.cached_attention import CHUNK, cached_attention, part_a_sizes
 from jf_jax.model.config import ModelConfig
 from jf_jax.model.decode_jit import YNN_OPTION, decode_jit
 from jf_jax.model.decode_view import decode_view
-from jf_jax.model import machine
 from jf_jax.model.kv_cache import KVCache
 from jf_jax.model.params import cast_params, init_params
 from jf_jax.model.token_meta import cache_key_meta, causal_meta, concat_meta
@@ -102,11 +101,7 @@ def test_decode_programs_keep_reductions_out_of_ynnpack_whatever_the_environment
 @pytest.mark.parametrize("kernels", [False, True], ids=["plain-jax", "cpu-kernels"])
 @pytest.mark.parametrize("dtype,layout", [("float32", "shards"), ("bfloat16", "shards"), ("bfloat16", "packed"),
                                           ("bfloat16", "int8")])
-def test_a_token_gets_the_same_bits_however_its_forward_is_shaped(dtype, layout, kernels, monkeypatch, request):
-    rows_vary = machine.bf16_rows_vary(machine.detect())
-    if dtype == "bfloat16" and (layout == "shards" or (layout == "packed" and not kernels)) and rows_vary:
-        # Strict: the day these pass on an AMX CPU, the marker fails and the README's device table must change.
-        request.applymarker(pytest.mark.xfail(strict=True, reason=machine.AMX_BF16_NOT_INVARIANT))
+def test_a_token_gets_the_same_bits_however_its_forward_is_shaped(dtype, layout, kernels, monkeypatch):
     if kernels:
         kernel_gate.apply(kernel_gate.this_machine())  # skips on a CPU without them, fails if they are not built
     if not kernels:  # the plain-JAX twins (attention; XLA's dot for packed weights) must be invariant too

@@ -68,11 +68,12 @@ def test_this_machine_is_gated_by_its_own_features():
     (cpu(AVX2), "bfloat16", "bf16 via XLA dots (no AVX512-BF16 or AVX512-VNNI)"),
     (cpu(AVX2 | {"avx512_bf16"}), "bfloat16", "bf16 via XLA dots (no AVX512-VNNI)"),
     (cpu(None), "bfloat16", "bf16 via XLA dots (CPU features unknown)"),
+    (cpu(AVX512_BF16 | {"amx_bf16", "amx_tile"}), "bfloat16", "bf16 via jf-jax AVX512-BF16 kernels"),
     (Machine(backend="gpu", devices=("NVIDIA H100 80GB HBM3",), kernels_machine_reason="gpu"), "float32",
      "f32 via XLA on gpu"),
     (Machine(backend="tpu", devices=("TPU v5 lite",), kernels_machine_reason="tpu"), "float32",
      "f32 via XLA on tpu"),
-], ids=["avx512-bf16", "avx512-bf16-unbuilt", "avx2", "bf16-no-vnni", "unknown-cpu", "gpu", "tpu"])
+], ids=["avx512-bf16", "avx512-bf16-unbuilt", "avx2", "bf16-no-vnni", "unknown-cpu", "amx", "gpu", "tpu"])
 def test_auto_picks_the_fastest_dtype_shown_lossless_here(m, dtype, path):
     choice = machine.choose_dtype("auto", m)
     assert (choice.dtype, choice.requested) == (dtype, "auto")
@@ -83,13 +84,6 @@ def test_auto_picks_the_fastest_dtype_shown_lossless_here(m, dtype, path):
 def test_gpu_bf16_is_passed_over_while_it_is_not_shown_lossless():
     choice = machine.choose_dtype("auto", Machine(backend="gpu", kernels_machine_reason="gpu"))
     assert choice.dtype == "float32" and "bfloat16 is faster" in choice.reason and "is NOT shown" in choice.reason
-
-
-def test_cpu_bf16_is_passed_over_on_a_cpu_with_amx():
-    amx = cpu(AVX512_BF16 | {"amx_bf16", "amx_tile"})
-    choice = machine.choose_dtype("auto", amx)
-    assert choice.dtype == "float32" and "bfloat16 is faster" in choice.reason and "with AMX" in choice.reason
-    assert machine.choose_dtype("auto", cpu(AVX512_BF16)).dtype == "bfloat16"
 
 
 def test_int8_without_vnni_is_flagged_slow_and_never_chosen():

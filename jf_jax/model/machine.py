@@ -28,8 +28,8 @@ kernels (avx512_bf16/avx512_vnni), and what XLA's own bf16 and int8 kernels may 
 
 # Where jacobi and mr decoding have been shown to return AR's tokens bit for bit, per (backend, dtype): the
 # README's device table. int8 is shown against its own int8 AR, which is the only AR it can equal.
-CPU_TESTS = ("tests/test_real_smollm2_decoding.py and the decoding tests, on AVX512-BF16 and AVX2-only x86 CPUs "
-             "(README's device table)")
+CPU_TESTS = ("tests/test_real_smollm2_decoding.py and the decoding tests, on AVX2-only, AVX512-BF16 and AMX x86 "
+             "CPUs (README's device table)")
 LOSSLESS = {
     ("cpu", "float32"): f"tested: {CPU_TESTS}",
     ("cpu", "bfloat16"): f"tested: {CPU_TESTS}",
@@ -146,27 +146,14 @@ def engine_path(machine: Machine, dtype: str) -> EnginePath:
                       "(results/studies/decode_engine_speed/dtypes_avx2.json)")
 
 
-AMX_BF16_NOT_INVARIANT = ("NOT shown on a CPU with AMX: there XLA's bf16 dot gives a row other bits at 1, 2 and "
-                          ">= 3 rows (tests/test_cached_attention.py, the bf16 shards and packed cases, fail)")
-"""Seen on a 2-core Xeon with amx_bf16 (2026-11-26); the AVX512-BF16 and AVX2 machines the tests passed on lack AMX."""
+def shown_lossless(backend: str, dtype: str) -> bool:
+    """Whether jacobi / mr == AR has been shown for ``dtype`` on ``backend``."""
+    return (backend, dtype) in LOSSLESS
 
 
-def bf16_rows_vary(machine: Machine) -> bool:
-    """A CPU on which XLA's bf16 dot gives a row bits that depend on the row count (``AMX_BF16_NOT_INVARIANT``)."""
-    return machine.backend == "cpu" and "amx_bf16" in (machine.cpu_flags or ())
-
-
-def shown_lossless(machine: Machine, dtype: str) -> bool:
-    """Whether jacobi / mr == AR has been shown for ``dtype`` on ``machine`` (its backend, narrowed by its CPU)."""
-    return (machine.backend, dtype) in LOSSLESS and not (dtype == "bfloat16" and bf16_rows_vary(machine))
-
-
-def lossless_evidence(backend: str, dtype: str, machine: Machine | None = None) -> str:
-    """Where jacobi / mr == AR has been shown for ``dtype`` on ``backend`` (or that it has not); ``machine`` narrows
-    the CPU evidence to what holds on its CPU."""
+def lossless_evidence(backend: str, dtype: str) -> str:
+    """Where jacobi / mr == AR has been shown for ``dtype`` on ``backend`` (or that it has not)."""
     key = (backend, dtype)
-    if machine is not None and dtype == "bfloat16" and bf16_rows_vary(machine):
-        return AMX_BF16_NOT_INVARIANT
     return LOSSLESS.get(key) or NOT_LOSSLESS.get(key) or f"not shown: no run on {backend} in {dtype} is recorded"
 
 
@@ -208,12 +195,12 @@ def choose_dtype(requested: str, machine: Machine | None = None) -> DtypeChoice:
     machine = detect() if machine is None else machine
     ranked = fastest_first(machine)
     for rank, (dtype, speed) in enumerate(ranked):
-        if shown_lossless(machine, dtype):
+        if shown_lossless(machine.backend, dtype):
             if rank == 0:
                 return DtypeChoice(dtype, "auto", f"the fastest dtype here, and shown lossless on {machine.backend}: "
                                                   f"{speed}")
             passed = "; ".join(f"{d} is faster ({why}) but lossless decoding is "
-                               f"{lossless_evidence(machine.backend, d, machine)}" for d, why in ranked[:rank])
+                               f"{lossless_evidence(machine.backend, d)}" for d, why in ranked[:rank])
             return DtypeChoice(dtype, "auto", f"the fastest dtype shown lossless on {machine.backend}: {passed}")
     return DtypeChoice("float32", "auto", f"no dtype has been shown lossless on {machine.backend}: float32, the "
                                           "reference (full float32 matmuls in every decode program)")

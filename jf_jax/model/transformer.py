@@ -27,7 +27,7 @@ from cpu_kernels import PackedWeight
 from jf_jax.model.cached_attention import cached_attention, whole_cache_attention
 from jf_jax.model.quantize import Int8Weight
 from jf_jax.model.token_meta import causal_meta
-from jf_jax.model.weight_matmul import ROW_TILES, matmul
+from jf_jax.model.weight_matmul import DotRows, matmul, this_machine_dot_rows
 from jf_jax.model.params import Params
 from jf_jax.model.rope import rope, rope_tables
 from pallas_kernels.mask import MASK_NOISE_CONDITIONED, TokenMeta
@@ -112,9 +112,9 @@ class _Layout:
     final_norm: jax.Array
     lm_head: Shards | PackedWeight | Int8Weight | None
     """The output projection in any matmul form; None for tied embeddings held unsplit (the embedding is reused)."""
-    row_tile: int | None
-    """``ROW_TILES`` of the compute dtype when decoding: every row is computed alike however many share a dot.
-    None in training, where XLA picks its fastest dot for the whole batch."""
+    rows: DotRows
+    """``this_machine_dot_rows`` of the compute dtype when decoding: every row is computed alike however many share
+    a dot. In training no tile and no padding beyond a lone row: XLA picks its fastest dot for the whole batch."""
     run_layers: Callable
     """(body, x, cache) -> (x, new keys, new values [L, B, T, K, Dh]): every layer's ``body(x, (layer, kv))``."""
 
@@ -122,12 +122,12 @@ class _Layout:
 def _layout(params: Params | DecodeView, cfg: ModelConfig) -> _Layout:
     """The one place the forward tells the stacked tree (training) from the ``DecodeView`` (decoding)."""
     if isinstance(params, DecodeView):
-        return _Layout(params.embed, params.final_norm, params.lm_head, ROW_TILES.get(cfg.dtype),
+        return _Layout(params.embed, params.final_norm, params.lm_head, this_machine_dot_rows(cfg.dtype),
                        functools.partial(_loop_layers, params.layers))
     # The declared layout: each matmul weight is one unsplit shard.
     layers = {k: (w,) if k in MATMUL_WEIGHTS else w for k, w in params["layers"].items()}
     lm_head = (params["lm_head"],) if "lm_head" in params else None
-    return _Layout(params["embed"], params["final_norm"], lm_head, None,
+    return _Layout(params["embed"], params["final_norm"], lm_head, DotRows(2, None),
                    functools.partial(_scan_layers, layers, cfg.remat))
 
 
@@ -154,14 +154,15 @@ def _stack(params: Params | DecodeView, cfg: ModelConfig, tokens, positions, q_m
     """Embedding, every layer and the final norm. Returns (hidden, new keys, new values [L, B, T, K, Dh]).
 
     With a cache the tokens attend through ``cached_attention``; a cache of Bc rows serves B rows of ``tokens``
-    in groups of B // Bc (shared inside each layer, never copied per row), and a lone token is run as two
-    (``_pad_one_row``).
+    in groups of B // Bc (shared inside each layer, never copied per row), and fewer tokens than the layout's
+    ``DotRows.fewest`` are run with padding tokens after them (``_pad_tokens``).
     """
     B, T = tokens.shape
-    if cache is not None and B * T == 1:
-        x, new_k, new_v = _stack(params, cfg, *_pad_one_row(tokens, positions, q_meta), cache, mask_kind, whole_cache)
-        return x[:, :1], new_k[:, :, :1], new_v[:, :, :1]
     layout = _layout(params, cfg)
+    if cache is not None and B * T < layout.rows.fewest:
+        padded = _pad_tokens(tokens, positions, q_meta, -(-layout.rows.fewest // B))
+        x, new_k, new_v = _stack(params, cfg, *padded, cache, mask_kind, whole_cache)
+        return x[:, :T], new_k[:, :, :T], new_v[:, :, :T]
     x = layout.embed.astype(cfg.compute_dtype)[tokens]  # [B, T, D]
     rope_tabs = rope_tables(positions, cfg)
 
@@ -169,21 +170,24 @@ def _stack(params: Params | DecodeView, cfg: ModelConfig, tokens, positions, q_m
         layer, cache_kv = per_layer
         if cache_kv is not None:
             cache_kv = cache_kv + (cache.lengths,)
-        return _layer(cfg, x, layer, rope_tabs, q_meta, cache_kv, mask_kind, layout.row_tile, whole_cache)
+        return _layer(cfg, x, layer, rope_tabs, q_meta, cache_kv, mask_kind, layout.rows.tile, whole_cache)
 
     x, new_k, new_v = layout.run_layers(body, x, cache)
     return rms_norm(x, layout.final_norm, cfg.rms_norm_eps), new_k, new_v
 
 
-def _pad_one_row(tokens, positions, q_meta: TokenMeta):
-    """A one-token, one-row forward as two tokens, the second a padding token at the next position: XLA:CPU
-    computes a one-row dot with another kernel (a GEMV that also converts bfloat16 weights to float32 on every
-    call), whose results differ from the same token's inside a block, and which is slower too."""
-    two = lambda a: jnp.concatenate([a, a], axis=1)  # noqa: E731
-    step = jnp.array([0, 1], jnp.int32)
-    meta = TokenMeta(position=two(q_meta.position) + step, stream=two(q_meta.stream), block=two(q_meta.block),
-                     segment=jnp.concatenate([q_meta.segment, jnp.full_like(q_meta.segment, -1)], axis=1))
-    return two(tokens), two(positions) + step, meta
+def _pad_tokens(tokens, positions, q_meta: TokenMeta, width: int):
+    """Each row's tokens followed by padding tokens (copies of its last, segment -1, at the next positions) up to
+    ``width``: XLA:CPU computes a dot of one row (on some CPUs two, ``weight_matmul.DotRows``) with other kernels,
+    whose results differ from the same token's inside a block (a one-row GEMV is also slower, converting bfloat16
+    weights to float32 on every call). Causal order keeps the real tokens from seeing the padding."""
+    extra = width - tokens.shape[1]
+    step = jnp.arange(1, extra + 1, dtype=jnp.int32)
+    tail = lambda a, add=0: jnp.concatenate([a, jnp.repeat(a[:, -1:], extra, axis=1) + add], axis=1)  # noqa: E731
+    meta = TokenMeta(position=tail(q_meta.position, step), stream=tail(q_meta.stream), block=tail(q_meta.block),
+                     segment=jnp.concatenate([q_meta.segment, jnp.full_like(q_meta.segment[:, :1], -1).repeat(
+                         extra, axis=1)], axis=1))
+    return tail(tokens), tail(positions, step), meta
 
 
 def _default_positions(tokens, meta, cache):
@@ -240,17 +244,18 @@ def forward_shared_prefix(params: Params | DecodeView, cfg: ModelConfig, tokens,
 def logits(params: Params | DecodeView, cfg: ModelConfig, hidden):
     """Float32 vocabulary logits of hidden states [..., D] (the tied embedding when there is no lm_head).
 
-    A single row is computed as two (see ``_pad_one_row``), so its logits equal that row's inside any batch.
+    Fewer rows than the layout's ``DotRows.fewest`` are padded (see ``_pad_tokens``), so a row's logits equal that
+    row's inside any batch.
     """
     dt = cfg.compute_dtype
     layout = _layout(params, cfg)
     rows = hidden.reshape(-1, hidden.shape[-1]).astype(dt)
-    if rows.shape[0] == 1:
-        rows = jnp.concatenate([rows, rows])
+    if rows.shape[0] < layout.rows.fewest:
+        rows = jnp.concatenate([rows] + [rows[-1:]] * (layout.rows.fewest - rows.shape[0]))
     if layout.lm_head is None:  # tied: the embedding [V, D], one unsplit shard contracted on its last axis
-        out = matmul("nd,vd->nv", rows, (layout.embed,), dt, layout.row_tile, lead=1)
+        out = matmul("nd,vd->nv", rows, (layout.embed,), dt, layout.rows.tile, lead=1)
     else:
-        out = matmul("nd,dv->nv", rows, layout.lm_head, dt, layout.row_tile, lead=1)
+        out = matmul("nd,dv->nv", rows, layout.lm_head, dt, layout.rows.tile, lead=1)
     return out[: math.prod(hidden.shape[:-1])].reshape(hidden.shape[:-1] + (out.shape[-1],))
 
 

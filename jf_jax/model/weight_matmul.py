@@ -8,6 +8,7 @@ that tells these forms apart; every projection of ``model.transformer``, the out
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Callable
@@ -15,15 +16,42 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from cpu_kernels import PackedWeight, gemm
+from cpu_kernels import PackedWeight, gemm, library
 from jf_jax.model.decode_view import Shards
 from jf_jax.model.quantize import Int8Weight, int8_matmul
 
-# The most rows for which XLA:CPU's dot of a compute dtype keeps one summation order per row (measured, jax
-# 0.10.2, YNNPACK dots): float32 dots change order past 32 rows (33-48 and 64+ differ from 2-32); bfloat16 dots
-# keep one order at every row count >= 2, so they need no tiling. One-row dots differ in every dtype (GEMV): the
-# decode path never runs them (``transformer._pad_one_row``).
-ROW_TILES = {"float32": 32}
+# How XLA:CPU's dots of a compute dtype keep one summation order per row (measured, jax 0.10.2, YNNPACK dots; the
+# tests of ``tests/test_cached_attention.py`` check it on the model's shapes). One-row dots differ in every dtype
+# (a GEMV). Float32 dots change order past 32 rows (33-48 and 64+ differ from 2-32). Bfloat16 dots keep one order
+# at every row count >= 2 on AVX2 and AVX512-BF16 CPUs; on CPUs with AMX a two-row dot differs too, and a dot whose
+# outputs are few (<= 128 columns) runs its rows in chunks of 64, a chunk of one or two rows with the other kernels.
+# So a decode forward pads its rows up to ``fewest`` and runs more than ``tile`` rows in tiles of exactly ``tile``.
+ROW_TILES = {"float32": 32, "bfloat16": 64}
+
+
+@dataclasses.dataclass(frozen=True)
+class DotRows:
+    """The row counts a decode forward gives its XLA dots, so that a row's bits never depend on how many rows share
+    its dot: fewer than ``fewest`` rows are padded up to it, more than ``tile`` run in tiles of ``tile`` rows."""
+
+    fewest: int
+    tile: int | None
+
+
+def dot_rows(dtype: str, backend: str, cpu_flags: frozenset[str] | None) -> DotRows:
+    """``DotRows`` for decoding in ``dtype`` on ``backend`` (a CPU's feature flags decide its bfloat16 rows). Off the
+    CPU, fixed decode shapes (``decoding.shapes``) keep rows invariant and bfloat16 dots run untiled."""
+    amx = "amx_bf16" in (cpu_flags or ())
+    if backend != "cpu":
+        return DotRows(2, ROW_TILES.get(dtype) if dtype == "float32" else None)
+    return DotRows(3 if dtype == "bfloat16" and amx else 2, ROW_TILES.get(dtype))
+
+
+@functools.cache
+def this_machine_dot_rows(dtype: str) -> DotRows:
+    """``dot_rows`` of this process's default backend and CPU."""
+    return dot_rows(dtype, jax.default_backend(), library.cpu_flags())
+
 
 # How each weight prepared at load time multiplies: float32 ``x @ w`` contracting x's trailing axes with the
 # weight's input axes (the prepared forms carry their own shapes, so no equation is needed).
