@@ -1,6 +1,7 @@
 """The data-scale study: held-out TPF against the number of training responses (the learning curve), and the same
 pipeline at GPU size. One resumable command: re-running it skips every finished stage and resumes a killed one
-(collection after its last complete shard, training from its last checkpoint).
+(collection after its last complete shard, training from its last checkpoint). A point whose evaluation is in
+``--results`` is not trained again, so the curve grows across machines whose ``--runs`` were lost.
 
     python experiments/data_scale.py --preset cpu      # the CPU learning curve: 250 .. 2,000 responses, two AR arms
     python experiments/data_scale.py --preset gpu      # one device: 6,144 responses, both arms, ~25 device minutes
@@ -165,13 +166,18 @@ def main(argv=None) -> int:
                 continue
             run_dir = os.path.join(args.runs, f"{arm}-{size}")
             trained.append((arm, size, run_dir, used))
-            if "train" in stages and not os.path.exists(os.path.join(run_dir, "params")):
+            evaluated = os.path.exists(os.path.join(results, f"eval_{arm}_{size}.json"))
+            if "train" in stages and not evaluated and not os.path.exists(os.path.join(run_dir, "params")):
                 batch = load_config(preset.config, ["data.path=[unused]", *preset.train_overrides]).data.batch_size
                 steps = max(1, round(preset.epochs * kept[str(size)] / batch))
                 jf("train", preset.config, "--run-dir", run_dir, f"data.path=[{','.join(used)}]",
                        f"train.steps={steps}", ARMS[arm], f"run_name=data_scale_{arm}_{size}",
                        *preset.train_overrides, "--no-progress")
-    with open(os.path.join(results, "responses.json"), "w") as f:  # the report's x axis
+    counts = os.path.join(results, "responses.json")  # the report's x axis, kept across runs of other sizes
+    if os.path.exists(counts):
+        with open(counts) as f:
+            kept = {**json.load(f), **kept}
+    with open(counts, "w") as f:
         json.dump(kept, f, indent=1)
     if "evaluate" in stages:
         models = [("base", 0, preset.model)] + [(arm, size, run_dir) for arm, size, run_dir, _ in trained]

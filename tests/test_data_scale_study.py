@@ -4,6 +4,7 @@ the learning-curve report. Run as a subprocess, as a user runs it; re-running it
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -39,6 +40,7 @@ def test_the_tiny_study_runs_end_to_end_and_resumes(tmp_path):
     env = dict(os.environ, PYTHONPATH=ROOT)
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.count("+ jf-jax train") == 3 and done.stdout.count("+ jf-jax evaluate") == 4
     curve = json.loads((results / "tiny" / "curve.json").read_text())
     assert sorted((p["arm"], p["size"]) for p in curve["points"]) == [("base", 0), ("ce", 4), ("ce", 8), ("kl", 8)]
     for point in curve["points"]:
@@ -52,4 +54,12 @@ def test_the_tiny_study_runs_end_to_end_and_resumes(tmp_path):
     # The same command again finds every stage done: nothing is collected, trained or evaluated twice.
     again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "jf_jax train" not in again.stdout and "jf_jax evaluate" not in again.stdout
+    assert "+ jf-jax train" not in again.stdout and "+ jf-jax evaluate" not in again.stdout
+    # A machine that lost the trained runs (runs/ is not committed) and asks for one size: the evaluated points
+    # are not trained again, and the responses of the sizes it did not ask for stay on the curve's x axis.
+    for run in ("ce-4", "ce-8", "kl-8"):
+        shutil.rmtree(tmp_path / "runs" / run)
+    third = subprocess.run(cmd + ["--sizes", "8"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert "+ jf-jax train" not in third.stdout
+    assert sorted(json.loads((results / "tiny" / "responses.json").read_text())) == ["4", "8"]
