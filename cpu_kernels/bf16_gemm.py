@@ -7,8 +7,9 @@ the kernel reads weights at ~30 GB/s for 1-8 rows (measured on the 2-core dev ma
 576x1536 weight at 2 rows), and its rows never depend on each other (batch invariance, see the .cc file).
 
 ``gemm`` runs the kernel when ``library.available()`` (built by ``python -m cpu_kernels.build``, a CPU with
-AVX512-BF16, JAX on CPU) and ``gemm_reference`` otherwise: the same product through XLA's own dot, which on
-this machine gives the very same bits (a test checks both agree).
+AVX512-BF16, JAX on CPU) and ``gemm_reference`` otherwise: the same product through XLA's own dot, equal to
+rounding (a test checks both agree); each keeps a row's bits whatever the row count (the model gives XLA's dot
+row counts that do, ``jf_jax.model.weight_matmul.DotRows``).
 """
 
 from __future__ import annotations

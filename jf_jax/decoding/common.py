@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jf_jax.model.config import ModelConfig
+from jf_jax.model.weight_matmul import this_machine_dot_rows
 
 MIN_BUCKET = 16
 MAX_BATCH_SIZE = 256
@@ -123,7 +124,8 @@ def prepare_prompts(cfg: ModelConfig, prompts: Sequence[Sequence[int]], max_new_
     """Validates token-id prompts against the model and packs them into bucketed arrays.
 
     ``lookahead`` is how many KV slots past the last generated token a method may write in one forward
-    (1 for AR; the block size, or more, for Jacobi), so cache writes never run past the capacity.
+    (1 for AR; the block size, or more, for Jacobi), so cache writes never run past the capacity. It is raised to
+    the rows a short forward is padded to (``DotRows.fewest``): fixed-shape attention writes the padding too.
     """
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens <= 0:
         raise GenerationError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
@@ -148,6 +150,7 @@ def prepare_prompts(cfg: ModelConfig, prompts: Sequence[Sequence[int]], max_new_
     tokens = np.zeros((len(prompts), prompt_bucket), np.int32)
     for i, prompt in enumerate(prompts):
         tokens[i, : lengths[i]] = np.asarray(prompt, np.int32)
+    lookahead = max(lookahead, this_machine_dot_rows(cfg.dtype).fewest)
     return PreparedPrompts(tokens=tokens, lengths=np.asarray(lengths, np.int32), max_new_tokens=int(max_new_tokens),
                            out_capacity=out_capacity, cache_capacity=prompt_bucket + out_capacity + lookahead)
 

@@ -3,11 +3,11 @@ arithmetic for a token whatever else shares its forward.
 
 Greedy Jacobi decoding is lossless only if a token's logits do not depend on how the token was computed: in
 a one-token AR step or inside a 16-token draft block, next to 0 or 7 recycled candidate rows, in a batch of 1
-or 8 prompts. Dense layers have that property on XLA:CPU for any number of rows >= 2 (the model pads one-row
-calls). Attention is where it breaks when each forward concatenates the cache with its own block: the key
-sequence then has a different length and the new keys sit elsewhere, so the reductions differ. Here the keys
-are cut into fixed chunks of ``CHUNK`` slots *aligned to absolute positions* (chunk c holds positions
-``c*CHUNK ...``), and for every query:
+or 8 prompts. Dense layers get it from the row counts their dots are given (``weight_matmul.DotRows``: short
+forwards padded, long ones tiled). Attention is where it breaks when each forward concatenates the cache with
+its own block: the key sequence then has a different length and the new keys sit elsewhere, so the reductions
+differ. Here the keys are cut into fixed chunks of ``CHUNK`` slots *aligned to absolute positions* (chunk c
+holds positions ``c*CHUNK ...``), and for every query:
 
 * the softmax maximum is taken over all visible keys (a max is exact in any order);
 * each chunk's exp-sum and probability-weighted value sum are computed with the same shapes per query row;
@@ -51,8 +51,9 @@ def part_a_sizes(capacity: int, chunk: int = CHUNK) -> tuple[int, ...]:
 # Compute dtypes whose attention dots take the query token and the key chunk as *batch* dimensions: every
 # contraction is then a dot of one shape (a query's heads against one chunk of keys) however many tokens and
 # chunks share the forward. XLA:CPU's float32 dot kernels otherwise change summation order with the number of
-# query rows or keys on some CPUs (AVX2: 1, 2 and 8 tokens differ from 4 and 16), while bfloat16 dots keep one
-# order. The price is a copy of the visible keys and values per query token.
+# query rows or keys on some CPUs (AVX2: 1, 2 and 8 tokens differ from 4 and 16), while the batched bfloat16 dots
+# here keep one order (checked with up to 280 query rows per dot on an AMX CPU, ``tests/test_dot_rows.py``). The
+# price is a copy of the visible keys and values per query token.
 PER_TOKEN_DOTS = ("float32",)
 
 

@@ -112,9 +112,10 @@ class _Layout:
     final_norm: jax.Array
     lm_head: Shards | PackedWeight | Int8Weight | None
     """The output projection in any matmul form; None for tied embeddings held unsplit (the embedding is reused)."""
-    rows: DotRows
+    dot_rows: DotRows
     """``this_machine_dot_rows`` of the compute dtype when decoding: every row is computed alike however many share
-    a dot. In training no tile and no padding beyond a lone row: XLA picks its fastest dot for the whole batch."""
+    a dot. In training no tile (XLA picks its fastest dot for the whole batch), and a lone cached token is padded to
+    two rows as in decoding."""
     run_layers: Callable
     """(body, x, cache) -> (x, new keys, new values [L, B, T, K, Dh]): every layer's ``body(x, (layer, kv))``."""
 
@@ -159,8 +160,8 @@ def _stack(params: Params | DecodeView, cfg: ModelConfig, tokens, positions, q_m
     """
     B, T = tokens.shape
     layout = _layout(params, cfg)
-    if cache is not None and B * T < layout.rows.fewest:
-        padded = _pad_tokens(tokens, positions, q_meta, -(-layout.rows.fewest // B))
+    if cache is not None and B * T < layout.dot_rows.fewest:
+        padded = _pad_tokens(tokens, positions, q_meta, -(-layout.dot_rows.fewest // B))
         x, new_k, new_v = _stack(params, cfg, *padded, cache, mask_kind, whole_cache)
         return x[:, :T], new_k[:, :, :T], new_v[:, :, :T]
     x = layout.embed.astype(cfg.compute_dtype)[tokens]  # [B, T, D]
@@ -170,7 +171,7 @@ def _stack(params: Params | DecodeView, cfg: ModelConfig, tokens, positions, q_m
         layer, cache_kv = per_layer
         if cache_kv is not None:
             cache_kv = cache_kv + (cache.lengths,)
-        return _layer(cfg, x, layer, rope_tabs, q_meta, cache_kv, mask_kind, layout.rows.tile, whole_cache)
+        return _layer(cfg, x, layer, rope_tabs, q_meta, cache_kv, mask_kind, layout.dot_rows.tile, whole_cache)
 
     x, new_k, new_v = layout.run_layers(body, x, cache)
     return rms_norm(x, layout.final_norm, cfg.rms_norm_eps), new_k, new_v
@@ -181,13 +182,17 @@ def _pad_tokens(tokens, positions, q_meta: TokenMeta, width: int):
     ``width``: XLA:CPU computes a dot of one row (on some CPUs two, ``weight_matmul.DotRows``) with other kernels,
     whose results differ from the same token's inside a block (a one-row GEMV is also slower, converting bfloat16
     weights to float32 on every call). Causal order keeps the real tokens from seeing the padding."""
-    extra = width - tokens.shape[1]
-    step = jnp.arange(1, extra + 1, dtype=jnp.int32)
-    tail = lambda a, add=0: jnp.concatenate([a, jnp.repeat(a[:, -1:], extra, axis=1) + add], axis=1)  # noqa: E731
-    meta = TokenMeta(position=tail(q_meta.position, step), stream=tail(q_meta.stream), block=tail(q_meta.block),
-                     segment=jnp.concatenate([q_meta.segment, jnp.full_like(q_meta.segment[:, :1], -1).repeat(
-                         extra, axis=1)], axis=1))
-    return tail(tokens), tail(positions, step), meta
+    B, T = tokens.shape
+    after = jnp.arange(1, width - T + 1, dtype=jnp.int32)
+
+    def extend(a, step=0):
+        return jnp.concatenate([a, jnp.broadcast_to(a[:, -1:] + step, (B, width - T))], axis=1)
+
+    meta = TokenMeta(position=extend(q_meta.position, after), stream=extend(q_meta.stream),
+                     block=extend(q_meta.block),
+                     segment=jnp.concatenate([q_meta.segment, jnp.full((B, width - T), -1, q_meta.segment.dtype)],
+                                             axis=1))
+    return extend(tokens), extend(positions, after), meta
 
 
 def _default_positions(tokens, meta, cache):
@@ -244,18 +249,18 @@ def forward_shared_prefix(params: Params | DecodeView, cfg: ModelConfig, tokens,
 def logits(params: Params | DecodeView, cfg: ModelConfig, hidden):
     """Float32 vocabulary logits of hidden states [..., D] (the tied embedding when there is no lm_head).
 
-    Fewer rows than the layout's ``DotRows.fewest`` are padded (see ``_pad_tokens``), so a row's logits equal that
-    row's inside any batch.
+    Fewer rows than the layout's ``DotRows.fewest`` are padded with copies of the last (as ``_pad_tokens`` pads a
+    forward's tokens), so a row's logits equal that row's inside any batch.
     """
     dt = cfg.compute_dtype
     layout = _layout(params, cfg)
     rows = hidden.reshape(-1, hidden.shape[-1]).astype(dt)
-    if rows.shape[0] < layout.rows.fewest:
-        rows = jnp.concatenate([rows] + [rows[-1:]] * (layout.rows.fewest - rows.shape[0]))
+    if rows.shape[0] < layout.dot_rows.fewest:
+        rows = jnp.concatenate([rows] + [rows[-1:]] * (layout.dot_rows.fewest - rows.shape[0]))
     if layout.lm_head is None:  # tied: the embedding [V, D], one unsplit shard contracted on its last axis
-        out = matmul("nd,vd->nv", rows, (layout.embed,), dt, layout.rows.tile, lead=1)
+        out = matmul("nd,vd->nv", rows, (layout.embed,), dt, layout.dot_rows.tile, lead=1)
     else:
-        out = matmul("nd,dv->nv", rows, layout.lm_head, dt, layout.rows.tile, lead=1)
+        out = matmul("nd,dv->nv", rows, layout.lm_head, dt, layout.dot_rows.tile, lead=1)
     return out[: math.prod(hidden.shape[:-1])].reshape(hidden.shape[:-1] + (out.shape[-1],))
 
 

@@ -20,18 +20,19 @@ from cpu_kernels import PackedWeight, gemm, library
 from jf_jax.model.decode_view import Shards
 from jf_jax.model.quantize import Int8Weight, int8_matmul
 
-# How XLA:CPU's dots of a compute dtype keep one summation order per row (measured, jax 0.10.2, YNNPACK dots; the
-# tests of ``tests/test_cached_attention.py`` check it on the model's shapes). One-row dots differ in every dtype
-# (a GEMV). Float32 dots change order past 32 rows (33-48 and 64+ differ from 2-32). Bfloat16 dots keep one order
-# at every row count >= 2 on AVX2 and AVX512-BF16 CPUs; on CPUs with AMX a two-row dot differs too, and a dot whose
-# outputs are few (<= 128 columns) runs its rows in chunks of 64, a chunk of one or two rows with the other kernels.
-# So a decode forward pads its rows up to ``fewest`` and runs more than ``tile`` rows in tiles of exactly ``tile``.
+# How XLA:CPU's dots of a compute dtype keep one summation order per row (measured, jax 0.10.2, YNNPACK dots;
+# tests/test_dot_rows.py checks it on this machine). One-row dots differ in every dtype (a GEMV). Float32 dots change
+# order past 32 rows (33-48 and 64+ differ from 2-32). Bfloat16 dots keep one order at every row count >= 2 on the
+# AVX2 and AVX512-BF16 CPUs measured; on a CPU with AMX a two-row dot differs too, and a dot with few outputs
+# (<= 128 columns) runs its rows in chunks of 64, a last chunk of one or two rows with the other kernels. So a
+# decode forward pads its rows up to ``fewest`` and runs more than ``tile`` rows in tiles of exactly ``tile``.
+# Bfloat16 is tiled on every CPU: the chunking was seen on AMX only, but a tile costs a loop, not arithmetic.
 ROW_TILES = {"float32": 32, "bfloat16": 64}
 
 
 @dataclasses.dataclass(frozen=True)
 class DotRows:
-    """The row counts a decode forward gives its XLA dots, so that a row's bits never depend on how many rows share
+    """The row counts a decode forward gives its dots, so that a row's bits never depend on how many rows share
     its dot: fewer than ``fewest`` rows are padded up to it, more than ``tile`` run in tiles of ``tile`` rows."""
 
     fewest: int
@@ -39,11 +40,13 @@ class DotRows:
 
 
 def dot_rows(dtype: str, backend: str, cpu_flags: frozenset[str] | None) -> DotRows:
-    """``DotRows`` for decoding in ``dtype`` on ``backend`` (a CPU's feature flags decide its bfloat16 rows). Off the
-    CPU, fixed decode shapes (``decoding.shapes``) keep rows invariant and bfloat16 dots run untiled."""
-    amx = "amx_bf16" in (cpu_flags or ())
+    """``DotRows`` for decoding in ``dtype`` on ``backend``; a CPU's feature flags decide its bfloat16 rows (unknown
+    flags, as off Linux, count as AMX: a third row costs little). Off the CPU, fixed decode shapes
+    (``decoding.shapes``) keep rows invariant, so bfloat16 dots run untiled there (a tile is a sequential loop);
+    float32 keeps its tiles, as in the H100 runs that showed float32 decoding lossless."""
     if backend != "cpu":
-        return DotRows(2, ROW_TILES.get(dtype) if dtype == "float32" else None)
+        return DotRows(2, ROW_TILES["float32"] if dtype == "float32" else None)
+    amx = cpu_flags is None or "amx_bf16" in cpu_flags
     return DotRows(3 if dtype == "bfloat16" and amx else 2, ROW_TILES.get(dtype))
 
 
@@ -97,37 +100,42 @@ def _mixed_einsum_bwd(equation, residuals, g):
 mixed_einsum.defvjp(_mixed_einsum_fwd, _mixed_einsum_bwd)
 
 
-def _row_dot(equation: str, x, w, lead: int, row_tile: int | None):
-    """``einsum(equation, x, w)`` in float32 (w cast to x's dtype, ``mixed_einsum``); with ``row_tile``, rows (x's
-    ``lead`` leading axes) are computed in groups of at most ``row_tile`` (a ``lax.map``), so a row's bits never
-    depend on how many rows there are."""
+def _in_row_tiles(dot: Callable, x, lead: int, tile: int | None):
+    """``dot(x, lead)`` (a product of x's rows, its ``lead`` leading axes); with more than ``tile`` rows, computed
+    in groups of exactly ``tile`` rows (a ``lax.map`` over x's rows flattened, the last group padded) as
+    ``dot(group, 1)``, so a row's bits never depend on how many rows there are."""
     rows = math.prod(x.shape[:lead])
-    if row_tile is None or rows <= row_tile:
-        return mixed_einsum(equation, x, w)
+    if tile is None or rows <= tile:
+        return dot(x, lead)
+    groups = -(-rows // tile)
+    flat = x.reshape((rows,) + x.shape[lead:])
+    flat = jnp.pad(flat, [(0, groups * tile - rows)] + [(0, 0)] * (flat.ndim - 1))
+    out = jax.lax.map(lambda t: dot(t, 1), flat.reshape((groups, tile) + flat.shape[1:]))
+    out = out.reshape((groups * tile,) + out.shape[2:])[:rows]
+    return out.reshape(x.shape[:lead] + out.shape[1:])
+
+
+def _shard_dot(equation: str, w, lead: int) -> Callable:
+    """``dot(x, n)`` of ``_in_row_tiles`` for one weight shard: ``mixed_einsum`` with ``equation``, or with x's
+    ``lead`` row axes flattened into one (n == 1)."""
     ins, out = equation.split("->")
     x_sub, w_sub = ins.split(",")
-    flat_eq = f"m{x_sub[lead:]},{w_sub}->m{out[lead:]}"
-    groups = -(-rows // row_tile)
-    flat = x.reshape((rows,) + x.shape[lead:])
-    flat = jnp.pad(flat, [(0, groups * row_tile - rows)] + [(0, 0)] * (flat.ndim - 1))
-    w = w.astype(x.dtype)
-    tiles = jax.lax.map(lambda t: jnp.einsum(flat_eq, t, w, preferred_element_type=jnp.float32),
-                        flat.reshape((groups, row_tile) + flat.shape[1:]))
-    tiles = tiles.reshape((groups * row_tile,) + tiles.shape[2:])[:rows]
-    return tiles.reshape(x.shape[:lead] + tiles.shape[1:])
+    flat = f"m{x_sub[lead:]},{w_sub}->m{out[lead:]}"
+    return lambda x, n: mixed_einsum(equation if n == lead else flat, x, w)
 
 
 def matmul(equation: str, x, w: Shards | PackedWeight | Int8Weight, dtype, row_tile: int | None = None,
            lead: int = 2):
     """``einsum(equation, x, w)`` accumulated in float32, whatever form ``w`` takes.
 
-    A prepared weight (``PREPARED_MATMULS``) multiplies x as given. ``Shards`` multiply x cast to ``dtype``, one
-    dot per shard (``equation`` names x's ``lead`` row axes first; ``row_tile``, see ``ROW_TILES``, bounds the rows
-    of one dot), concatenated back: the shards' dots are independent, so XLA's CPU runtime runs them on different
-    cores (a one-token step is a chain of matrix-vector products, and one XLA dot runs on a single core).
+    ``equation`` names x's ``lead`` row axes first; ``row_tile`` (``DotRows.tile``) bounds the rows of one product.
+    A prepared weight (``PREPARED_MATMULS``) multiplies x as given (tiled too: without the kernel library, packed
+    weights multiply through XLA's dot). ``Shards`` multiply x cast to ``dtype``, one dot per shard, concatenated
+    back: the shards' dots are independent, so XLA's CPU runtime runs them on different cores (a one-token step
+    is a chain of matrix-vector products, and one XLA dot runs on a single core).
     """
     prepared = PREPARED_MATMULS.get(type(w))
     if prepared is not None:
-        return prepared(x, w)
-    outs = [_row_dot(equation, x.astype(dtype), s, lead, row_tile) for s in w]
+        return _in_row_tiles(lambda t, n: prepared(t, w), x, lead, row_tile)
+    outs = [_in_row_tiles(_shard_dot(equation, s, lead), x.astype(dtype), lead, row_tile) for s in w]
     return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=-1)
