@@ -28,6 +28,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 import jax  # noqa: E402  (after the environment above; the update below covers a jax imported by a plugin)
 
 from jf_jax.weights import store  # noqa: E402
+from tests.support.slow_tests import slow_test_ids  # noqa: E402
 
 jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
 jax.config.update("jax_persistent_cache_min_compile_time_secs",
@@ -74,6 +75,10 @@ training test, which cannot be split, starts at once) and the short files then f
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(SLOW_FILES_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+    measured = slow_test_ids()  # the development lane leaves out what took 2 s or more in a measured run
+    for item in items:
+        if item.nodeid in measured:
+            item.add_marker(pytest.mark.slow)
 
 
 def pytest_sessionfinish(session, exitstatus):
