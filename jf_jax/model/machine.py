@@ -146,11 +146,6 @@ def engine_path(machine: Machine, dtype: str) -> EnginePath:
                       "(results/studies/decode_engine_speed/dtypes_avx2.json)")
 
 
-def shown_lossless(backend: str, dtype: str) -> bool:
-    """Whether jacobi / mr == AR has been shown for ``dtype`` on ``backend``."""
-    return (backend, dtype) in LOSSLESS
-
-
 def lossless_evidence(backend: str, dtype: str) -> str:
     """Where jacobi / mr == AR has been shown for ``dtype`` on ``backend`` (or that it has not)."""
     key = (backend, dtype)
@@ -195,7 +190,7 @@ def choose_dtype(requested: str, machine: Machine | None = None) -> DtypeChoice:
     machine = detect() if machine is None else machine
     ranked = fastest_first(machine)
     for rank, (dtype, speed) in enumerate(ranked):
-        if shown_lossless(machine.backend, dtype):
+        if (machine.backend, dtype) in LOSSLESS:
             if rank == 0:
                 return DtypeChoice(dtype, "auto", f"the fastest dtype here, and shown lossless on {machine.backend}: "
                                                   f"{speed}")

@@ -129,13 +129,15 @@ def matmul(equation: str, x, w: Shards | PackedWeight | Int8Weight, dtype, row_t
     """``einsum(equation, x, w)`` accumulated in float32, whatever form ``w`` takes.
 
     ``equation`` names x's ``lead`` row axes first; ``row_tile`` (``DotRows.tile``) bounds the rows of one product.
-    A prepared weight (``PREPARED_MATMULS``) multiplies x as given (tiled too: without the kernel library, packed
-    weights multiply through XLA's dot). ``Shards`` multiply x cast to ``dtype``, one dot per shard, concatenated
-    back: the shards' dots are independent, so XLA's CPU runtime runs them on different cores (a one-token step
-    is a chain of matrix-vector products, and one XLA dot runs on a single core).
+    A prepared weight (``PREPARED_MATMULS``) multiplies x as given; the kernels' rows are independent and int8's
+    sums exact, so only packed weights without the kernel library (XLA's dot, ``gemm_reference``) are tiled.
+    ``Shards`` multiply x cast to ``dtype``, one dot per shard, concatenated back: the shards' dots are independent,
+    so XLA's CPU runtime runs them on different cores (a one-token step is a chain of matrix-vector products, and
+    one XLA dot runs on a single core).
     """
     prepared = PREPARED_MATMULS.get(type(w))
     if prepared is not None:
-        return _in_row_tiles(lambda t, n: prepared(t, w), x, lead, row_tile)
+        through_xla_dot = isinstance(w, PackedWeight) and not library.available()
+        return _in_row_tiles(lambda t, n: prepared(t, w), x, lead, row_tile if through_xla_dot else None)
     outs = [_in_row_tiles(_shard_dot(equation, s, lead), x.astype(dtype), lead, row_tile) for s in w]
     return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=-1)
