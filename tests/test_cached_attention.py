@@ -115,10 +115,16 @@ def test_a_token_gets_the_same_bits_however_its_forward_is_shaped(dtype, layout,
     prompt = rng.integers(0, cfg.vocab_size, (1, P)).astype(np.int32)
     cont = rng.integers(0, cfg.vocab_size, (1, N)).astype(np.int32)
 
+    # Programs traced here (after the monkeypatch above), with the weights as arguments, as in the decoders'
+    # programs: closed over, they would be constants of each program, compiled and cached with it.
     @decode_jit
-    def block_logits(tokens, cache):
+    def block_logits_of(params, tokens, cache):
         hidden, cache = forward(params, cfg, tokens, cache=cache)
         return logits(params, cfg, hidden), cache
+
+    shared_prefix = functools.partial(decode_jit(lambda p, t, c: forward_shared_prefix(p, cfg, t, c)), params)
+    row_logits = functools.partial(decode_jit(lambda p, h: logits(p, cfg, h)), params)
+    block_logits = functools.partial(block_logits_of, params)
 
     _, cache0 = block_logits(prompt, KVCache.init(cfg, 1, 256))
     cache0 = cache0.commit(P)
@@ -138,9 +144,7 @@ def test_a_token_gets_the_same_bits_however_its_forward_is_shaped(dtype, layout,
     np.testing.assert_array_equal(np.concatenate([first[0], rest[0]]), steps)
 
     other = rng.integers(0, cfg.vocab_size, (2, N)).astype(np.int32)  # recycled candidate rows beside the draft
-    hidden, _, _ = decode_jit(lambda t, c: forward_shared_prefix(params, cfg, t, c))(
-        np.concatenate([other[:1], cont, other[1:]]), cache0)
-    row_logits = decode_jit(lambda h: logits(params, cfg, h))
+    hidden, _, _ = shared_prefix(np.concatenate([other[:1], cont, other[1:]]), cache0)
     np.testing.assert_array_equal(np.asarray(row_logits(hidden[1])), steps)
 
     # A batch of two prompts of different lengths (another prompt's cache row beside this one's): the block as
@@ -151,6 +155,5 @@ def test_a_token_gets_the_same_bits_however_its_forward_is_shaped(dtype, layout,
                    lengths=jnp.asarray([P, 2 * CHUNK + 9], jnp.int32))
     batched, _ = block_logits(np.concatenate([cont, other[:1]]), both)
     np.testing.assert_array_equal(np.asarray(batched[0]), steps)
-    hidden, _, _ = decode_jit(lambda t, c: forward_shared_prefix(params, cfg, t, c))(
-        np.concatenate([other[:1], cont, other]), both)
+    hidden, _, _ = shared_prefix(np.concatenate([other[:1], cont, other]), both)
     np.testing.assert_array_equal(np.asarray(row_logits(hidden[1])), steps)

@@ -3,6 +3,8 @@ of a decode matmul, and a query of the attention twin, get the same bits at ever
 weights with few outputs, whose rows XLA:CPU may chunk, and many); and that padding a short forward to more rows
 changes neither its tokens' logits nor the cache past them."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -37,7 +39,7 @@ def test_a_row_of_a_decode_matmul_gets_the_same_bits_at_every_row_count(dtype, o
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.standard_normal((1, 140, 576)), dtype)
     w = (jnp.asarray(rng.standard_normal((576, outputs)) * 0.05, dtype),)
-    dot = decode_jit(lambda a: matmul("btd,dn->btn", a, w, dtype, rows.tile))
+    dot = functools.partial(decode_jit(lambda w, a: matmul("btd,dn->btn", a, w, dtype, rows.tile)), w)
     want = np.asarray(dot(x))[0]
     # Around the fewest rows, the tile and XLA's 64-row chunks (a chunk of one or two rows is computed apart).
     for m in sorted({rows.fewest, rows.fewest + 1, 16, 32, 33, 63, 64, 65, 66, 129, 130, 140}):
@@ -53,9 +55,11 @@ def test_the_attention_twin_gives_a_query_the_same_bits_at_every_block_length(he
     cache_k, cache_v = (jnp.asarray(rng.standard_normal((1, capacity, kv_heads, dh)), jnp.bfloat16) for _ in "kv")
     q = jnp.asarray(rng.standard_normal((1, 40, heads, dh)), jnp.bfloat16)
     k, v = (jnp.asarray(rng.standard_normal((1, 40, kv_heads, dh)), jnp.bfloat16) for _ in "kv")
-    attend = decode_jit(lambda t: cached_attention(q[:, :t], k[:, :t], v[:, :t], jnp.ones((1, t), bool), cache_k,
-                                                   cache_v, jnp.asarray([length]), use_kernel=False),
-                        static_argnums=0)
+    attend = functools.partial(decode_jit(
+        lambda t, q, k, v, cache_k, cache_v: cached_attention(q[:, :t], k[:, :t], v[:, :t], jnp.ones((1, t), bool),
+                                                              cache_k, cache_v, jnp.asarray([length]),
+                                                              use_kernel=False),
+        static_argnums=0), q=q, k=k, v=v, cache_k=cache_k, cache_v=cache_v)
     want = np.asarray(attend(40).astype(jnp.float32))
     for t in (1, 2, 3, 5, 16, 21, 22, 23, 33):
         np.testing.assert_array_equal(np.asarray(attend(t).astype(jnp.float32)), want[:, :t], err_msg=f"{t} tokens")
@@ -79,9 +83,11 @@ def test_a_short_forward_padded_to_more_rows_keeps_its_tokens_bits_and_the_cache
     cont = rng.integers(0, cfg.vocab_size, (1, 6)).astype(np.int32)
 
     @decode_jit
-    def block_logits(tokens, cache):
+    def block_logits_of(params, tokens, cache):
         hidden, cache = transformer.forward(params, cfg, tokens, cache=cache)
         return transformer.logits(params, cfg, hidden), cache
+
+    block_logits = functools.partial(block_logits_of, params)  # the weights as arguments, as in the decoders'
 
     _, cache0 = block_logits(prompt, KVCache.init(cfg, 1, 64))
     cache0 = cache0.commit(P)
