@@ -88,8 +88,17 @@ def load(spec: str, dtype: str = "float32", cache: bool = True) -> LoadedModel:
     else:
         cfg, params, tokenizer = convert(source)
     cfg = cfg.replace(dtype=dtype, param_dtype=dtype)
-    params = jax.tree.map(lambda x: jnp.asarray(x, dtype=cfg.weight_dtype), params)
-    return LoadedModel(cfg=cfg, params=params, tokenizer=tokenizer, name=name, source=source)
+    return LoadedModel(cfg=cfg, params=_placed(params, cfg.weight_dtype), tokenizer=tokenizer, name=name,
+                       source=source)
+
+
+def _placed(params: Params, dtype) -> Params:
+    """``params`` as ``dtype`` arrays committed to this process's first device, however they were read: a
+    conversion gives numpy arrays, a cache entry or a run directory orbax arrays committed to a device. Programs
+    are compiled per placement of their arguments, so a model loaded from its cache entry would otherwise compile
+    every decoder again beside the same model converted a moment before."""
+    device = jax.local_devices()[0]
+    return jax.tree.map(lambda x: jax.device_put(jnp.asarray(x, dtype=dtype), device), params)
 
 
 def _load_run(path: str, name: str, dtype: str, cache: bool) -> LoadedModel:
@@ -104,5 +113,5 @@ def _load_run(path: str, name: str, dtype: str, cache: bool) -> LoadedModel:
     tokenizer = load(base, dtype=dtype, cache=cache).tokenizer
     cfg, params = run_dir.load_run(path)
     cfg = cfg.replace(dtype=dtype, param_dtype=dtype)
-    params = jax.tree.map(lambda x: jnp.asarray(x, dtype=cfg.weight_dtype), params)
-    return LoadedModel(cfg=cfg, params=params, tokenizer=tokenizer, name=name, source=path)
+    return LoadedModel(cfg=cfg, params=_placed(params, cfg.weight_dtype), tokenizer=tokenizer, name=name,
+                       source=path)
