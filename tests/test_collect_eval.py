@@ -199,6 +199,10 @@ def test_evaluate_model_and_markdown(tmp_path):
     assert speed["ar"]["speedup_vs_ar"] == 1.0 and speed["mr n=4"]["speedup_vs_ar"] > 0
     assert "| tiny | held | mr n=4 |" in md and "| tiny | seen (train) | mr n=4 |" in md and "GSM held-out" in md
     assert "| loop rate |" in md and "| TPF (mean/prompt) without loops |" in md and "(train) hold prompts" in md
+    scored = dict(res, humaneval=dict(problems=2, max_new_tokens=8, passed=1, pass_at_1=0.5,
+                                      answer_nll=dict(nll_per_token=1.0)))
+    md = markdown([scored], dict(block_size=4, max_new_tokens=8, quality_dtype="bfloat16"))
+    assert "HumanEval: greedy AR answers in bfloat16" in md and "| tiny | 2 | 8 | 1 | 0.500 | 1.000 |" in md
 
 
 def test_evaluate_cli_refuses_an_unwritable_out_before_loading_a_model(tmp_path, monkeypatch, capsys):

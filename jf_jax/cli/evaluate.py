@@ -235,9 +235,9 @@ def markdown(results: list[dict], args: dict) -> str:
                 m = res["math"]
                 lines.append(f"| {res['model']} | {m['problems']} | {m['correct']} | {m['accuracy']:.3f} |")
     if any(r["humaneval"] for r in results):
-        lines += ["", "HumanEval: greedy AR answers, each executed against the problem's tests in a "
-                  "sandboxed subprocess (`jf_jax/data/code_execution.py`); NLL: nats per token of the canonical "
-                  "solutions, teacher-forced (`humaneval_answer_nll`).", "",
+        lines += ["", f"HumanEval: greedy AR answers in {args.get('quality_dtype', 'float32')}, each executed "
+                  "against the problem's tests in a sandboxed subprocess (`jf_jax/data/code_execution.py`); NLL: "
+                  "nats per token of the canonical solutions, teacher-forced (`humaneval_answer_nll`).", "",
                   "| model | HumanEval problems | max new tokens | passed (executed) | pass@1 | solution NLL |",
                   "|---|---|---|---|---|---|"]
         for res in results:
