@@ -93,11 +93,13 @@ def load(spec: str, dtype: str = "float32", cache: bool = True) -> LoadedModel:
 
 
 def _placed(params: Params, dtype) -> Params:
-    """``params`` as ``dtype`` arrays committed to this process's first device, however they were read: a
-    conversion gives numpy arrays, a cache entry or a run directory orbax arrays committed to a device. Programs
-    are compiled per placement of their arguments, so a model loaded from its cache entry would otherwise compile
-    every decoder again beside the same model converted a moment before."""
-    device = jax.local_devices()[0]
+    """``params`` as ``dtype`` arrays committed to the default device (``jax.default_device``, else this process's
+    first), however they were read: a conversion gives numpy arrays, a cache entry or a run directory orbax arrays
+    committed to a device. Programs are compiled per placement of their arguments, so a model loaded from its cache
+    entry would otherwise compile every decoder again beside the same model converted a moment before."""
+    device = jax.config.jax_default_device
+    if device is None or isinstance(device, str):  # unset, or a platform name
+        device = jax.local_devices(backend=device)[0]
     return jax.tree.map(lambda x: jax.device_put(jnp.asarray(x, dtype=dtype), device), params)
 
 
