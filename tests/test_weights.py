@@ -276,7 +276,6 @@ def test_cache_round_trip_is_identical_and_faster(tmp_path, monkeypatch):
     assert not store.load_or_convert(path, load_gguf)[3]
 
 
-
 def test_a_cached_load_runs_the_programs_compiled_for_a_converted_one(tmp_path, monkeypatch):
     """A conversion gives numpy arrays, a cache entry (or a run directory) orbax arrays on a device; the loaded
     params are placed alike, so decoding the same model loaded again compiles nothing new."""
@@ -293,6 +292,7 @@ def test_a_cached_load_runs_the_programs_compiled_for_a_converted_one(tmp_path, 
     (got,) = api.generate(cached, ["ab c"], max_new_tokens=3, chat=False)
     assert got.token_ids == want.token_ids
     assert (ARDecoder.init.program()._cache_size(), ARDecoder.run_compiled.program()._cache_size()) == compiled
+
 
 def test_failed_or_partial_saves_are_never_trusted(tmp_path, monkeypatch):
     monkeypatch.setenv("JF_JAX_CACHE", str(tmp_path / "cache"))
