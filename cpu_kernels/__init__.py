@@ -1,11 +1,13 @@
 """CPU kernels for jf-jax's decode steps (XLA FFI custom calls), each beside plain-JAX code with its semantics.
 
-* ``bf16_gemm``: a small-M bfloat16 GEMM over weights packed once at load time (twin: ``gemm_reference``);
+* ``bf16_gemm``: a small-M bfloat16 GEMM over weights packed once at load time, for AVX512-BF16 CPUs and for AVX2
+  ones (same packing, same bits; twin: ``gemm_reference``);
 * ``int8_gemm``: the W8A8 matmul, rows quantised to int8 and an exact int32 product (twin: ``w8a8_reference``);
 * ``decode_attention``: a step's attention over the KV cache (twin: ``jf_jax.model.cached_attention``).
 
-``library`` builds nothing: ``python -m cpu_kernels.build`` compiles them (scripts/install.sh runs it), and
-``available()`` says whether they run here. This package imports nothing from ``jf_jax``.
+``library`` builds nothing: ``python -m cpu_kernels.build`` compiles them (scripts/install.sh runs it) in two
+sets, ``library.AVX512`` (all three) and ``library.AVX2`` (the GEMM), and ``available(set)`` says whether a set
+runs here. This package imports nothing from ``jf_jax``.
 """
 
 from cpu_kernels.bf16_gemm import PackedWeight, gemm, gemm_reference, pack_weight

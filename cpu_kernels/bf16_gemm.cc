@@ -83,7 +83,7 @@ ffi::Error Bf16GemmImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::Buf
   if (K != 2 * KP) return ffi::Error::InvalidArgument("bf16_gemm: x's K does not match the packed weight");
   Gemm g{reinterpret_cast<const uint16_t*>(x.typed_data()), reinterpret_cast<const __m512bh*>(packed.typed_data()),
          out->typed_data(), M, K, KP, NT, NT * kTile};
-  jf_cpu::RunColumnTiles(pool, NT, K * M, [g](int64_t t0, int64_t t1) { RunTiles(g, t0, t1); });
+  jf_cpu::RunColumnTiles(pool, NT, K, M, [g](int64_t t0, int64_t t1) { RunTiles(g, t0, t1); });
   return ffi::Error::Success();
 }
 

@@ -1,15 +1,17 @@
-"""The small-M bfloat16 GEMM of decode steps: an XLA FFI custom call (``bf16_gemm.cc``) and its plain-JAX twin.
+"""The small-M bfloat16 GEMM of decode steps: XLA FFI custom calls for two instruction sets and their plain-JAX twin.
 
 Why a kernel: XLA:CPU hands bf16 dots to YNNPACK, which re-packs the weight matrix on every call, so a decode
 step streams each weight at ~9-13 GB/s; and a one-row dot goes to XLA's GEMV, which converts the whole bf16
 weight to float32 first (~1.5 GB/s). Packed once at load time in the register layout of ``_mm512_dpbf16_ps``,
-the kernel reads weights at ~30 GB/s for 1-8 rows (measured on the 2-core dev machine: 54 us vs 136 us for a
-576x1536 weight at 2 rows), and its rows never depend on each other (batch invariance, see the .cc file).
+the AVX512-BF16 kernel (``bf16_gemm.cc``) reads weights at ~30 GB/s for 1-8 rows (measured on the 2-core dev
+machine: 54 us vs 136 us for a 576x1536 weight at 2 rows). The AVX2 kernel (``bf16_gemm_avx2.cc``) reads the same
+packing with AVX2 and FMA, for the CPUs without AVX-512. In both, rows never depend on each other (batch
+invariance, see the .cc files), and for normal numbers the two give the same bits (they accumulate in one order).
 
-``gemm`` runs the kernel when ``library.available()`` (built by ``python -m cpu_kernels.build``, a CPU with
-AVX512-BF16, JAX on CPU) and ``gemm_reference`` otherwise: the same product through XLA's own dot, equal to
-rounding (a test checks both agree); each keeps a row's bits whatever the row count (the model gives XLA's dot
-row counts that do, ``jf_jax.model.weight_matmul.DotRows``).
+``gemm`` runs the first kernel that runs here (``kernel_target``: built by ``python -m cpu_kernels.build``, a CPU
+with the kernel's instructions, JAX on CPU) and ``gemm_reference`` otherwise: the same product through XLA's own
+dot, equal to rounding (a test checks they agree); each keeps a row's bits whatever the row count (the model gives
+XLA's dot row counts that do, ``jf_jax.model.weight_matmul.DotRows``).
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ import jax.numpy as jnp
 
 from cpu_kernels import library
 
-TILE = 16  # output columns per AVX512 register of float32 lanes
-TARGET = "jf_bf16_gemm"
+TILE = 16  # output columns per AVX512 register of float32 lanes (two AVX2 registers)
+KERNELS = ((library.AVX512, "jf_bf16_gemm"), (library.AVX2, "jf_bf16_gemm_avx2"))
+"""Each kernel's set and FFI target, in order of preference."""
 
 
 @jax.tree_util.register_dataclass
@@ -78,13 +81,24 @@ def gemm_reference(x, p: PackedWeight):
     return jnp.einsum("mk,kn->mn", x2, w2, preferred_element_type=jnp.float32).reshape(lead + p.out_shape)
 
 
-def gemm(x, p: PackedWeight):
-    """``x @ w`` in float32 (x cast to bf16, contracting its trailing ``p.in_shape`` axes): the kernel when
-    ``available()``, else ``gemm_reference``."""
-    if not library.available():
-        return gemm_reference(x, p)
+def kernel_target() -> str | None:
+    """The FFI target of the GEMM kernel this process runs (None: none runs here, ``gemm`` is ``gemm_reference``)."""
+    return next((target for kernel_set, target in KERNELS if library.available(kernel_set)), None)
+
+
+def gemm_kernel(x, p: PackedWeight, target: str):
+    """``x @ w`` in float32 through the kernel ``target`` (one of ``KERNELS``'; its set must be available)."""
     lead, x2 = _flat(x, p)
+    if target == "jf_bf16_gemm_avx2":  # takes x's bf16 values as float32 (the AVX2 kernel has no bf16 broadcast)
+        x2 = x2.astype(jnp.float32)
     rows = x2.shape[0]
-    out = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((rows, p.data.shape[0] * TILE), jnp.float32),
+    out = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((rows, p.data.shape[0] * TILE), jnp.float32),
                            vmap_method="broadcast_all")(x2, p.data)
     return out[:, : p.n].reshape(lead + p.out_shape)
+
+
+def gemm(x, p: PackedWeight):
+    """``x @ w`` in float32 (x cast to bf16, contracting its trailing ``p.in_shape`` axes): the kernel of
+    ``kernel_target`` when one runs here, else ``gemm_reference``."""
+    target = kernel_target()
+    return gemm_reference(x, p) if target is None else gemm_kernel(x, p, target)

@@ -1,7 +1,9 @@
 """Builds the CPU kernels with the system C++ compiler: ``python -m cpu_kernels.build`` (run by scripts/install.sh).
 
-Exits 0 with a note when the machine cannot build or run them (no compiler, no AVX512-BF16 / VNNI): jf-jax then uses
-the plain-JAX references in XLA (same semantics, slower).
+Every kernel set of ``library.KERNEL_SETS`` is compiled into its own library, whatever this CPU runs (compiling
+needs only the compiler), so a machine builds what it can use and a test can check what each library contains.
+A set that fails to build is reported on stderr; jf-jax then uses the plain-JAX references in XLA (same semantics,
+slower) wherever that set would have run. Exits 0 either way, so an install goes on without the kernels.
 """
 
 from __future__ import annotations
@@ -14,25 +16,31 @@ import jax
 
 from cpu_kernels import library
 
-FLAGS = ["-O3", "-std=c++17", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni", "-fPIC",
-         "-shared", "-w"]
+COMMON_FLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-w")
+
+
+def build_set(compiler: str, kernel_set: library.KernelSet, quiet: bool = False) -> bool:
+    path = kernel_set.library
+    path.parent.mkdir(exist_ok=True)
+    cmd = [compiler, *COMMON_FLAGS, *kernel_set.compile_flags, f"-I{jax.ffi.include_dir()}",
+           *map(str, kernel_set.sources), "-o", str(path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(f"cpu_kernels: building {path.name} failed; decoding uses XLA where its kernels would run\n"
+              f"{proc.stderr[-2000:]}", file=sys.stderr)
+        return False
+    if not quiet:
+        print(f"cpu_kernels: built {path}")
+    return True
 
 
 def build(quiet: bool = False) -> bool:
+    """Builds every kernel set; True when all were built."""
     compiler = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
     if compiler is None:
         print("cpu_kernels: no C++ compiler found; decoding will use XLA's dots", file=sys.stderr)
         return False
-    library.LIBRARY.parent.mkdir(exist_ok=True)
-    cmd = [compiler, *FLAGS, f"-I{jax.ffi.include_dir()}", *map(str, library.SOURCES), "-o", str(library.LIBRARY)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        print(f"cpu_kernels: building {library.LIBRARY.name} failed; decoding uses XLA\n{proc.stderr[-2000:]}",
-              file=sys.stderr)
-        return False
-    if not quiet:
-        print(f"cpu_kernels: built {library.LIBRARY}")
-    return True
+    return all([build_set(compiler, kernel_set, quiet) for kernel_set in library.KERNEL_SETS])
 
 
 if __name__ == "__main__":

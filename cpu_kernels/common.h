@@ -52,15 +52,18 @@ void RunParts(xla::ffi::ThreadPool& pool, int64_t parts, Part part) {
   while (state->done.load(std::memory_order_acquire) < parts) _mm_pause();
 }
 
-// The column tiles [0, tiles) of a small-M GEMM with ``k_times_m`` = K * M: about four parts per thread, each an
-// even number of tiles (the GEMMs compute tiles in pairs); everything inline when the pool has one thread, the
-// call is small (tiles * K * M < 2^16) or one part would hold every tile. ``run_tiles(t0, t1)`` computes [t0, t1).
+// The column tiles [0, tiles) of a small-M GEMM of an [M, K] x by a weight [K, 16 * tiles]: about four parts
+// per thread, each an even number of tiles (the GEMMs compute tiles in pairs); everything inline when the pool has
+// one thread, the call is small or one part would hold every tile. A call's cost is reading its weight (which
+// does not shrink with M: a one-row step streams the whole weight) plus its arithmetic (which grows with M), so
+// "small" counts both, as tiles * K * (M + 8) < 2^17: a 576 x 192 weight runs inline at one row, a 576 x 576 one
+// is split. ``run_tiles(t0, t1)`` computes [t0, t1).
 template <typename RunTiles>
-void RunColumnTiles(xla::ffi::ThreadPool& pool, int64_t tiles, int64_t k_times_m, RunTiles run_tiles) {
+void RunColumnTiles(xla::ffi::ThreadPool& pool, int64_t tiles, int64_t K, int64_t M, RunTiles run_tiles) {
   const int64_t threads = pool.num_threads() > 0 ? pool.num_threads() : 1;
   int64_t tiles_per_part = (tiles + 4 * threads - 1) / (4 * threads);
   tiles_per_part += tiles_per_part % 2;
-  if (threads == 1 || tiles * k_times_m < (int64_t{1} << 16) || tiles_per_part >= tiles) {
+  if (threads == 1 || tiles * K * (M + 8) < (int64_t{1} << 17) || tiles_per_part >= tiles) {
     run_tiles(int64_t{0}, tiles);
     return;
   }

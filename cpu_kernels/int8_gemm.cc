@@ -126,7 +126,7 @@ ffi::Error W8A8Impl(ffi::ThreadPool pool, ffi::Buffer<DT> x, ffi::Buffer<ffi::S8
   for (int64_t m = 0; m < M; ++m) QuantizeRow(xs + m * K, K, xq.data() + m * K, sx.data() + m);
   Gemm g{xq.data(), sx.data(), reinterpret_cast<const __m512i*>(packed.typed_data()), bias.typed_data(),
          scale.typed_data(), out->typed_data(), M, K, KQ, NT, NT * kTile};
-  jf_cpu::RunColumnTiles(pool, NT, K * M, [g](int64_t t0, int64_t t1) { RunTiles(g, t0, t1); });
+  jf_cpu::RunColumnTiles(pool, NT, K, M, [g](int64_t t0, int64_t t1) { RunTiles(g, t0, t1); });
   return ffi::Error::Success();
 }
 

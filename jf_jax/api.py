@@ -106,7 +106,7 @@ def load_model(spec: str = DEFAULT_MODEL, dtype: str = "float32", column_shards:
         loaded = weights.load(spec, dtype="bfloat16")
         return dataclasses.replace(loaded, params=decode_view(loaded.params, int8=True))
     loaded = weights.load(spec, dtype=dtype)
-    if dtype == "bfloat16" and column_shards is None and cpu_kernels.available():
+    if dtype == "bfloat16" and column_shards is None and cpu_kernels.bf16_gemm.kernel_target() is not None:
         return dataclasses.replace(loaded, params=decode_view(loaded.params, pack=True))
     shards = default_column_shards() if column_shards is None else column_shards
     return dataclasses.replace(loaded, params=decode_view(loaded.params, column_shards=shards))

@@ -65,6 +65,15 @@ def cpu_kernels_run_here():
     kernel_gate.apply(kernel_gate.this_machine())
 
 
+@pytest.fixture
+def avx2_gemm_runs_here():
+    """The same for the AVX2 bf16 GEMM (``cpu_kernels.library.AVX2``): skips without AVX2 / FMA, fails when it
+    could run but its library is missing or broken."""
+    from tests.support import kernel_gate
+
+    kernel_gate.apply(kernel_gate.this_machine("avx2"))
+
+
 SLOW_FILES_FIRST = ("test_notebooks.py", "test_real_smollm2_decoding.py", "test_cached_attention.py", "test_cli.py",
                     "test_model_families.py", "test_sampling.py", "test_real_smollm2_logits.py",
                     "test_multiprocess.py", "test_data_scale_study.py", "test_batched_recording.py")

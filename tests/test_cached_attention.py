@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-import cpu_kernels
 from jf_jax.model.cached_attention import CHUNK, cached_attention, part_a_sizes
 from jf_jax.model.config import ModelConfig
 from jf_jax.model.decode_jit import YNN_OPTION, decode_jit
@@ -98,14 +97,17 @@ def test_decode_programs_keep_reductions_out_of_ynnpack_whatever_the_environment
     assert _ynnpack_reductions(jax.jit(_rms_norm_then_dot).lower(x, w).compile().as_text()) == 1
 
 
-@pytest.mark.parametrize("kernels", [False, True], ids=["plain-jax", "cpu-kernels"])
-@pytest.mark.parametrize("dtype,layout", [("float32", "shards"), ("bfloat16", "shards"), ("bfloat16", "packed"),
-                                          ("bfloat16", "int8")])
+@pytest.mark.parametrize("dtype,layout,kernels", [
+    *((dtype, layout, kernels) for dtype, layout in (("float32", "shards"), ("bfloat16", "shards"),
+                                                     ("bfloat16", "packed"), ("bfloat16", "int8"))
+      for kernels in ("plain-jax", "avx512")),
+    ("bfloat16", "packed", "avx2"),  # the engine of an AVX2-only CPU: its GEMM kernel, the attention's JAX twin
+])
 def test_a_token_gets_the_same_bits_however_its_forward_is_shaped(dtype, layout, kernels, monkeypatch):
-    if kernels:
-        kernel_gate.apply(kernel_gate.this_machine())  # skips on a CPU without them, fails if they are not built
-    if not kernels:  # the plain-JAX twins (attention; XLA's dot for packed weights) must be invariant too
-        monkeypatch.setattr(cpu_kernels.library, "available", lambda: False)
+    if kernels != "plain-jax":  # skips on a CPU without the set, fails if it is not built
+        kernel_gate.apply(kernel_gate.this_machine(kernels))
+    # plain-jax: the twins (attention; XLA's dot for packed weights) must be invariant too
+    kernel_gate.use_only(monkeypatch, *{"plain-jax": (), "avx512": ("avx512", "avx2"), "avx2": ("avx2",)}[kernels])
     cfg = MID.replace(dtype=dtype)
     params = cast_params(init_params(cfg, jax.random.PRNGKey(0)), cfg.compute_dtype)
     params = decode_view(params, **{"shards": dict(column_shards=2), "packed": dict(pack=True),

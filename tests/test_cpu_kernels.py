@@ -1,10 +1,16 @@
-"""``cpu_kernels``: each FFI kernel (bf16 GEMM, W8A8 matmul, decode attention) and its plain-JAX twin agree, rows
-never depend on each other, packing round-trips, and the decode view built on packed weights gives the model's
-logits and AR == jacobi bitwise.
+"""``cpu_kernels``: each FFI kernel (bf16 GEMM for AVX-512 and for AVX2, W8A8 matmul, decode attention) and its
+plain-JAX twin agree, rows never depend on each other, packing round-trips, the two GEMMs give the same bits, the
+AVX2 library holds no AVX-512 instruction, and the decode view built on packed weights gives the model's logits.
 
-The kernel tests skip, with the reason, on a machine that cannot run the kernels (no AVX512-BF16 / VNNI, not a CPU);
-on one that can, a library that is not built or does not load fails them (``tests.support.kernel_gate``).
+A kernel test skips, with the reason, on a machine that cannot run its set (not a CPU; no AVX512-BF16 / VNNI for
+the AVX-512 set, no AVX2 / FMA for the AVX2 one); on one that can, a library that is not built or does not load
+fails it (``tests.support.kernel_gate``).
 """
+
+import functools
+import re
+import shutil
+import subprocess
 
 import jax
 import jax.numpy as jnp
@@ -12,11 +18,12 @@ import numpy as np
 import pytest
 
 import cpu_kernels
-from cpu_kernels.bf16_gemm import unpack_weight
+from cpu_kernels.bf16_gemm import gemm_kernel, unpack_weight
 from jf_jax.model.cached_attention import cached_attention
 from jf_jax.model.decode_view import decode_view, stacked_params
 from jf_jax.model.params import cast_params, init_params
 from jf_jax.model.transformer import forward_logits
+from tests.support import kernel_gate
 from tests.test_cached_attention import MID
 
 needs_kernel = pytest.mark.usefixtures("cpu_kernels_run_here")
@@ -35,21 +42,50 @@ def test_odd_contraction_is_refused():
         cpu_kernels.pack_weight(np.zeros((3, 16)))
 
 
-@needs_kernel
+GEMMS = {"avx512": "jf_bf16_gemm", "avx2": "jf_bf16_gemm_avx2"}  # kernel set -> its GEMM's FFI target
+
+
+@pytest.mark.parametrize("kernel_set", list(GEMMS))
 @pytest.mark.parametrize("K,N", [(576, 1536), (1536, 576), (64, 40), (576, 24576)])
-def test_kernel_equals_xla_dot_and_rows_are_independent(K, N):
+def test_gemm_equals_xla_dot_and_rows_are_independent(K, N, kernel_set):
+    kernel_gate.apply(kernel_gate.this_machine(kernel_set))
     rng = np.random.default_rng(K + N)
     p = cpu_kernels.pack_weight(rng.standard_normal((K, N)).astype(np.float32))
     x = rng.standard_normal((40, K)).astype(np.float32)
-    kernel = jax.jit(cpu_kernels.gemm)
+    kernel = jax.jit(functools.partial(gemm_kernel, target=GEMMS[kernel_set]))
     full = np.asarray(kernel(x, p))
     np.testing.assert_allclose(full, np.asarray(jax.jit(cpu_kernels.gemm_reference)(x, p)), rtol=1e-5, atol=1e-4)
-    for rows in (1, 2, 7, 9, 16, 33):
+    for rows in (1, 2, 3, 4, 5, 7, 9, 16, 33):  # every row-block size of both kernels, and mixes of them
         np.testing.assert_array_equal(np.asarray(kernel(x[:rows], p)), full[:rows])
 
 
 @needs_kernel
-def test_packed_decode_view_keeps_the_model():
+def test_the_two_gemms_give_the_same_bits(avx2_gemm_runs_here):
+    """Both accumulate each output in one order with one rounding per bf16 pair element, so a machine's choice of
+    kernel does not change a model's tokens (normal numbers; VDPBF16PS flushes subnormals, FMA keeps them)."""
+    rng = np.random.default_rng(7)
+    p = cpu_kernels.pack_weight(rng.standard_normal((1536, 200)).astype(np.float32))
+    x = (rng.standard_normal((12, 1536)) * rng.uniform(0.01, 100, (12, 1))).astype(np.float32)
+    got = {s: np.asarray(jax.jit(functools.partial(gemm_kernel, target=t))(x, p)) for s, t in GEMMS.items()}
+    np.testing.assert_array_equal(got["avx2"], got["avx512"])
+
+
+def test_the_avx2_library_holds_no_avx512_instruction(avx2_gemm_runs_here):
+    """It must load and run on CPUs without AVX-512: no instruction may use a zmm or mask register (EVEX)."""
+    objdump = shutil.which("objdump")
+    if objdump is None:
+        pytest.fail("objdump (binutils, installed with the compiler that builds the kernels) is not on PATH")
+    text = subprocess.run([objdump, "-d", str(cpu_kernels.library.AVX2.library)], capture_output=True, text=True,
+                          check=True).stdout
+    assert "vfmadd" in text and "ymm" in text  # it is the AVX2 kernel
+    evex = [line for line in text.splitlines() if "%zmm" in line or re.search(r"%k[0-7]\b", line)]
+    assert not evex, evex[:5]
+
+
+@pytest.mark.parametrize("kernel_set", list(GEMMS))
+def test_packed_decode_view_keeps_the_model(kernel_set, monkeypatch):
+    kernel_gate.apply(kernel_gate.this_machine(kernel_set))
+    kernel_gate.use_only(monkeypatch, kernel_set)
     cfg = MID.replace(dtype="bfloat16")
     params = cast_params(init_params(cfg, jax.random.PRNGKey(0)), cfg.compute_dtype)
     packed = decode_view(params, pack=True)

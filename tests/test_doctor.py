@@ -18,11 +18,13 @@ AVX512_BF16 = AVX2 | {"avx512f", "avx512bw", "avx512_bf16", "avx512_vnni"}
 CPUINFO = "processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu avx2 fma\n\nprocessor\t: 1\n"
 
 
-def cpu(flags, library_problem=None, **kw) -> Machine:
-    """A CPU machine with ``flags`` (None: unknown), its kernel verdict derived as ``machine.detect`` derives it."""
+def cpu(flags, library_problem=None, avx2_problem="same", **kw) -> Machine:
+    """A CPU machine with ``flags`` (None: unknown), its kernel verdicts derived as ``machine.detect`` derives them;
+    ``library_problem`` is both libraries' unless ``avx2_problem`` says otherwise (one build makes both)."""
     return Machine(backend="cpu", devices=("cpu",), cpu_model="test CPU", cpu_flags=flags, cores=2,
                    kernels_machine_reason=library.machine_reason("cpu", flags), kernels_library_problem=library_problem,
-                   **kw)
+                   avx2_machine_reason=library.machine_reason("cpu", flags, library.AVX2),
+                   avx2_library_problem=library_problem if avx2_problem == "same" else avx2_problem, **kw)
 
 
 def test_cpuinfo_is_read_for_flags_and_model():
@@ -37,15 +39,29 @@ def test_only_the_backend_and_the_cpu_features_limit_the_machine():
     assert "avx512_vnni" in library.machine_reason("cpu", AVX512_BF16 - {"avx512_vnni"})
     assert "cannot read /proc/cpuinfo" in library.machine_reason("cpu", None)
     assert library.machine_reason("gpu", AVX512_BF16) == "JAX runs on gpu; the kernels are for CPUs"
+    assert library.machine_reason("cpu", AVX2, library.AVX2) is None
+    assert library.machine_reason("cpu", AVX2 - {"fma"}, library.AVX2) == "this CPU lacks fma"
+    assert library.machine_reason("cpu", AVX512_BF16, library.AVX512, ("avx2",)) == \
+        "this process leaves out the avx512 kernels (JF_CPU_KERNELS=avx2)"
+
+
+def test_the_process_may_limit_the_kernel_sets(monkeypatch):
+    monkeypatch.setenv("JF_CPU_KERNELS", "avx2")
+    assert library.chosen_sets() == ("avx2",)
+    assert "leaves out the avx512 kernels" in library.machine_reason("cpu", AVX512_BF16, library.AVX512,
+                                                                     library.chosen_sets())
+    monkeypatch.setenv("JF_CPU_KERNELS", "avx")
+    with pytest.raises(ValueError, match="JF_CPU_KERNELS='avx'; expected one of all, avx2, none"):
+        library.chosen_sets()
 
 
 @pytest.mark.parametrize("flags, problem, action", [
     (AVX2, None, "skip"),
-    (AVX2, "libjf_cpu_kernels.so is not built", "skip"),  # nothing to build for on this CPU
+    (AVX2, "libjf_cpu_kernels_avx512.so is not built", "skip"),  # nothing to build for on this CPU
     (None, None, "skip"),
     (AVX512_BF16, None, "run"),
-    (AVX512_BF16, "libjf_cpu_kernels.so is not built", "fail"),  # a capable CPU: a missing library is a fault
-    (AVX512_BF16, "libjf_cpu_kernels.so does not load", "fail"),
+    (AVX512_BF16, "libjf_cpu_kernels_avx512.so is not built", "fail"),  # a capable CPU: a missing library is a fault
+    (AVX512_BF16, "libjf_cpu_kernels_avx512.so does not load", "fail"),
 ])
 def test_kernel_tests_skip_only_where_the_cpu_cannot_run_them(flags, problem, action):
     v = kernel_gate.verdict(library.machine_reason("cpu", flags), problem)
@@ -63,17 +79,20 @@ def test_this_machine_is_gated_by_its_own_features():
 
 @pytest.mark.parametrize("m, dtype, path", [
     (cpu(AVX512_BF16), "bfloat16", "bf16 via jf-jax AVX512-BF16 kernels"),
-    (cpu(AVX512_BF16, "libjf_cpu_kernels.so is not built (python -m cpu_kernels.build)"), "bfloat16",
+    (cpu(AVX512_BF16, "libjf_cpu_kernels_avx512.so is not built (python -m cpu_kernels.build)"), "bfloat16",
      "bf16 via XLA dots (kernel library unavailable: python -m cpu_kernels.build)"),
-    (cpu(AVX2), "bfloat16", "bf16 via XLA dots (no AVX512-BF16 or AVX512-VNNI)"),
-    (cpu(AVX2 | {"avx512_bf16"}), "bfloat16", "bf16 via XLA dots (no AVX512-VNNI)"),
+    (cpu(AVX2), "bfloat16", "bf16 via the jf-jax AVX2 GEMM kernel (no AVX512-BF16 or AVX512-VNNI)"),
+    (cpu(AVX2, "libjf_cpu_kernels_avx2.so is not built (python -m cpu_kernels.build)"), "bfloat16",
+     "bf16 via XLA dots (no AVX512-BF16 or AVX512-VNNI)"),
+    (cpu(AVX2 | {"avx512_bf16"}), "bfloat16", "bf16 via the jf-jax AVX2 GEMM kernel (no AVX512-VNNI)"),
     (cpu(None), "bfloat16", "bf16 via XLA dots (CPU features unknown)"),
     (cpu(AVX512_BF16 | {"amx_bf16", "amx_tile"}), "bfloat16", "bf16 via jf-jax AVX512-BF16 kernels"),
     (Machine(backend="gpu", devices=("NVIDIA H100 80GB HBM3",), kernels_machine_reason="gpu"), "float32",
      "f32 via XLA on gpu"),
     (Machine(backend="tpu", devices=("TPU v5 lite",), kernels_machine_reason="tpu"), "float32",
      "f32 via XLA on tpu"),
-], ids=["avx512-bf16", "avx512-bf16-unbuilt", "avx2", "bf16-no-vnni", "unknown-cpu", "amx", "gpu", "tpu"])
+], ids=["avx512-bf16", "avx512-bf16-unbuilt", "avx2", "avx2-unbuilt", "bf16-no-vnni", "unknown-cpu", "amx", "gpu",
+        "tpu"])
 def test_auto_picks_the_fastest_dtype_shown_lossless_here(m, dtype, path):
     choice = machine.choose_dtype("auto", m)
     assert (choice.dtype, choice.requested) == (dtype, "auto")
@@ -101,7 +120,8 @@ def test_an_explicit_dtype_is_kept_and_a_wrong_one_refused():
 def test_the_header_names_dtype_path_and_features():
     m = cpu(AVX2)
     text = machine.header(m, machine.choose_dtype("auto", m))
-    assert text.startswith("engine: bf16 via XLA dots (no AVX512-BF16 or AVX512-VNNI) on test CPU [avx2 fma f16c]")
+    assert text.startswith("engine: bf16 via the jf-jax AVX2 GEMM kernel (no AVX512-BF16 or AVX512-VNNI) on test CPU "
+                           "[avx2 fma f16c]")
     assert "dtype auto -> bfloat16: " in text
     env = machine.environment(m, machine.choose_dtype("auto", m))
     assert env["dtype"] == "bfloat16" and env["dtype_requested"] == "auto" and env["cpu_features"]["avx2"]
@@ -119,10 +139,13 @@ def test_doctor_reports_this_machine(capsys):
 
 
 def test_doctor_text_for_a_machine_that_can_run_the_kernels_but_lacks_them():
-    r = doctor.report(cpu(AVX512_BF16, "libjf_cpu_kernels.so is not built (python -m cpu_kernels.build)"))
+    r = doctor.report(cpu(AVX512_BF16, "libjf_cpu_kernels_avx512.so is not built (python -m cpu_kernels.build)"))
     text = doctor.format_report(r)
-    assert "cpu kernels   this CPU can run them, but: libjf_cpu_kernels.so is not built" in text
-    assert "note: the faster packed bf16 kernels would run here" in text
+    assert "cpu kernels   AVX-512 set (bf16 GEMM, W8A8, attention): this CPU can run them, but: " \
+           "libjf_cpu_kernels_avx512.so is not built" in text
+    assert "note: the faster AVX512-BF16 kernels would run here" in text
+    text = doctor.format_report(doctor.report(cpu(AVX2, "libjf_cpu_kernels_avx2.so is not built")))
+    assert "note: the packed bf16 GEMM kernel would run here: libjf_cpu_kernels_avx2.so is not built" in text
 
 
 def test_first_difference():
@@ -149,9 +172,9 @@ def test_decode_accepts_auto_and_reports_the_resolved_dtype(monkeypatch, tmp_pat
                         "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert loaded == ["bfloat16"] and report["settings"]["dtype"] == "bfloat16"
-    assert report["environment"]["engine"] == "bf16 via XLA dots (no AVX512-BF16 or AVX512-VNNI)"
+    assert report["environment"]["engine"] == "bf16 via the jf-jax AVX2 GEMM kernel (no AVX512-BF16 or AVX512-VNNI)"
     assert report["environment"]["dtype_requested"] == "auto"
-    assert "engine: bf16 via XLA dots" in capsys.readouterr().err
+    assert "engine: bf16 via the jf-jax AVX2 GEMM kernel" in capsys.readouterr().err
 
 
 def test_check_decodes_a_random_model_here(monkeypatch):

@@ -38,17 +38,20 @@ def report(machine) -> dict:
     backend = machine.backend
     paths = {d: machines.engine_path(machine, d) for d in machines.DTYPES}
     auto = machines.choose_dtype("auto", machine)
-    library = machine.kernels_library_problem
-    kernels = ("run (library built and loaded)" if machine.kernels_run else
-               f"cannot run here: {machine.kernels_machine_reason} (library: {library or 'built, not loaded'})"
-               if machine.kernels_machine_reason else f"this CPU can run them, but: {library}")
+
+    def kernels(runs: bool, reason: str | None, library: str | None) -> str:
+        return ("run (library built and loaded)" if runs else
+                f"cannot run here: {reason} (library: {library or 'built, not loaded'})" if reason
+                else f"this CPU can run them, but: {library}")
+
     return {
         "jax": jax.__version__,
         "backend": backend,
         "devices": list(machine.devices),
         "cpu": {"model": machine.cpu_model or "unknown", "cores": machine.cores,
                 "features": machine.features() or "unknown"},
-        "cpu_kernels": kernels,
+        "cpu_kernels": kernels(machine.kernels_run, machine.kernels_machine_reason, machine.kernels_library_problem),
+        "avx2_gemm": kernels(machine.avx2_gemm_runs, machine.avx2_machine_reason, machine.avx2_library_problem),
         "decode_paths": {d: {"summary": p.summary, "matmuls": p.matmuls, "attention": p.attention,
                              **({"note": p.note} if p.note else {})} for d, p in paths.items()},
         "auto": {"dtype": auto.dtype, "path": paths[auto.dtype].summary, "reason": auto.reason},
@@ -71,7 +74,8 @@ def format_report(r: dict) -> str:
     if r["backend"] == "cpu":
         lines += [f"cpu           {cpu['model']}, {cpu['cores']} cores", f"features      {features}"]
     lines += [
-        f"cpu kernels   {r['cpu_kernels']}",
+        f"cpu kernels   AVX-512 set (bf16 GEMM, W8A8, attention): {r['cpu_kernels']}",
+        f"              AVX2 bf16 GEMM: {r['avx2_gemm']}",
         "decode paths",
         *(f"  {d:<9}   {p['summary']}" + (f"\n              note: {p['note']}" if "note" in p else "")
           for d, p in r["decode_paths"].items()),
@@ -133,7 +137,7 @@ def check(machine, dtypes=CHECK_DTYPES, *, prompts: int = 2, prompt_length: int 
         params = init_params(cfg, jax.random.PRNGKey(0))
         params = cast_params({**params, "embed": params["embed"] * 4.0}, cfg.compute_dtype)
         # The view jf_jax.api.load_model builds for this dtype on this machine.
-        view = (decode_view(params, pack=True) if dtype == "bfloat16" and machine.kernels_run
+        view = (decode_view(params, pack=True) if dtype == "bfloat16" and machine.packs_bf16
                 else decode_view(params, column_shards=api.default_column_shards()))
         ar = generate_ar(view, cfg, ids, max_new_tokens=max_new_tokens, eos_ids=[], warmup=False,
                          decode_shape=shape).token_ids

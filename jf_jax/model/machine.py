@@ -24,7 +24,8 @@ DTYPES = ("float32", "bfloat16", "int8")
 CPU_FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile",
                 "amx_bf16", "amx_int8")
 """The /proc/cpuinfo flags that decide a CPU decode's speed: XLA's f32 and bf16 dots (avx2/fma/avx512f), jf-jax's
-kernels (avx512_bf16/avx512_vnni), and what XLA's own bf16 and int8 kernels may use (avx_vnni, amx)."""
+kernels (avx512_bf16/avx512_vnni; avx2/fma for the AVX2 GEMM), and what XLA's own bf16 and int8 kernels may use
+(avx_vnni, amx)."""
 
 # Where jacobi and mr decoding have been shown to return AR's tokens bit for bit, per (backend, dtype): the
 # README's device table. int8 is shown against its own int8 AR, which is the only AR it can equal.
@@ -56,13 +57,27 @@ class Machine:
     """The CPU's feature flags (/proc/cpuinfo); None when unknown (not Linux)."""
     cores: int = 1
     kernels_machine_reason: str | None = None
-    """Why this machine cannot run ``cpu_kernels`` whatever is built (``library.machine_reason``); None: it can."""
+    """Why this machine cannot run the AVX-512 kernels (``library.AVX512``) whatever is built
+    (``library.machine_reason``); None: it can."""
     kernels_library_problem: str | None = None
-    """What is wrong with the kernels' compiled library (``library.library_problem``); None: nothing."""
+    """What is wrong with their compiled library (``library.library_problem``); None: nothing."""
+    avx2_machine_reason: str | None = "not looked for"
+    """The same for the AVX2 GEMM kernel (``library.AVX2``)."""
+    avx2_library_problem: str | None = None
 
     @property
     def kernels_run(self) -> bool:
+        """The AVX-512 kernels run: bf16 GEMM, W8A8 matmul and decode attention."""
         return self.kernels_machine_reason is None and self.kernels_library_problem is None
+
+    @property
+    def avx2_gemm_runs(self) -> bool:
+        return self.avx2_machine_reason is None and self.avx2_library_problem is None
+
+    @property
+    def packs_bf16(self) -> bool:
+        """A bf16 GEMM kernel runs, so bf16 weights are packed for it at load (``jf_jax.api.load_model``)."""
+        return self.kernels_run or self.avx2_gemm_runs
 
     def features(self) -> dict[str, bool] | None:
         """Each of ``CPU_FEATURES``: present or not; None when the flags are unknown."""
@@ -84,15 +99,23 @@ def cpu_model(cpuinfo: str | None = None) -> str | None:
 
 
 def detect() -> Machine:
-    """This process's machine. Starts JAX's default backend; loads the kernel library only on a CPU that can run
+    """This process's machine. Starts JAX's default backend; loads a kernel library only on a CPU that can run
     it (through ``library.unavailable_reason``, which also registers the kernels, as decoding would)."""
     backend = jax.default_backend()
     flags = library.cpu_flags()
-    machine_reason = library.machine_reason(backend, flags)
-    problem = library.library_problem(load=False) if machine_reason else library.unavailable_reason()
+    chosen = library.chosen_sets()
+
+    def verdict(kernel_set):
+        reason = library.machine_reason(backend, flags, kernel_set, chosen)
+        problem = (library.library_problem(load=False, kernel_set=kernel_set) if reason
+                   else library.unavailable_reason(kernel_set))
+        return reason, problem
+
+    (reason, problem), (avx2_reason, avx2_problem) = verdict(library.AVX512), verdict(library.AVX2)
     return Machine(backend=backend, devices=tuple(d.device_kind for d in jax.devices()), cpu_model=cpu_model(),
-                   cpu_flags=flags, cores=os.cpu_count() or 1, kernels_machine_reason=machine_reason,
-                   kernels_library_problem=problem)
+                   cpu_flags=flags, cores=os.cpu_count() or 1, kernels_machine_reason=reason,
+                   kernels_library_problem=problem, avx2_machine_reason=avx2_reason,
+                   avx2_library_problem=avx2_problem)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +138,10 @@ def kernels_absent(machine: Machine, flag: str = "avx512_bf16") -> str:
         return "kernel library unavailable: python -m cpu_kernels.build"
     if machine.cpu_flags is None:
         return "CPU features unknown"
-    missing = sorted((f for f in library.CPU_FLAGS_NEEDED if f not in machine.cpu_flags), key=lambda f: f != flag)
+    missing = sorted((f for f in library.AVX512.cpu_flags_needed if f not in machine.cpu_flags),
+                     key=lambda f: f != flag)
+    if not missing:  # a capable CPU whose process left the set out
+        return f"left out by {library.CHOICE_VARIABLE}"
     return "no " + " or ".join(f.upper().replace("_", "-") for f in missing)
 
 
@@ -134,8 +160,13 @@ def engine_path(machine: Machine, dtype: str) -> EnginePath:
         if machine.kernels_run:
             return EnginePath(dtype, "bf16 via jf-jax AVX512-BF16 kernels",
                               "jf-jax bf16 GEMM kernel on weights packed at load", attention)
-        note = (f"the faster packed bf16 kernels would run here: {machine.kernels_library_problem}"
+        note = (f"the faster AVX512-BF16 kernels would run here: {machine.kernels_library_problem}"
                 if machine.kernels_machine_reason is None else None)
+        if machine.avx2_gemm_runs:
+            return EnginePath(dtype, f"bf16 via the jf-jax AVX2 GEMM kernel ({kernels_absent(machine)})",
+                              "jf-jax AVX2/FMA bf16 GEMM kernel on weights packed at load", attention, note)
+        if note is None and machine.avx2_machine_reason is None:
+            note = f"the packed bf16 GEMM kernel would run here: {machine.avx2_library_problem}"
         return EnginePath(dtype, f"bf16 via XLA dots ({kernels_absent(machine)})", sharded, attention, note)
     if machine.kernels_run:
         return EnginePath(dtype, "int8 via jf-jax AVX512-VNNI kernels", "jf-jax W8A8 kernel (exact int32 sums)",
@@ -157,6 +188,11 @@ def fastest_first(machine: Machine) -> tuple[tuple[str, str], ...]:
     if machine.backend == "cpu" and machine.kernels_run:
         return (("bfloat16", "bf16 AR ran at 3.3x float32 AR through the packed kernels on a 2-core AVX512-BF16 CPU "
                              "(results/studies/decode_engine_speed/bench_engine.md)"),
+                ("float32", "the reference"))
+    if machine.backend == "cpu" and machine.avx2_gemm_runs:
+        return (("bfloat16", "bf16 AR through the AVX2 GEMM kernel ran at 1.57x float32 AR (XLA's bf16 dots: 1.11x) "
+                             "on a 2-core AMX Xeon limited to that kernel (results/studies/decode_engine_speed/"
+                             "README.md); it reads half float32's bytes"),
                 ("float32", "the reference"))
     if machine.backend == "cpu":
         # Without the kernels both dtypes run XLA's dots. bf16 reads half the weight bytes, and on the AVX2-only
@@ -221,5 +257,7 @@ def environment(machine: Machine, choice: DtypeChoice) -> dict:
             "cpu_model": machine.cpu_model, "cpu_features": machine.features(),
             "cpu_kernels": "run" if machine.kernels_run else
             machine.kernels_machine_reason or machine.kernels_library_problem,
+            "avx2_gemm": "run" if machine.avx2_gemm_runs else
+            machine.avx2_machine_reason or machine.avx2_library_problem,
             "dtype": choice.dtype, "dtype_requested": choice.requested, "dtype_reason": choice.reason,
             "engine": engine_path(machine, choice.dtype).summary}

@@ -16,7 +16,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from cpu_kernels import PackedWeight, gemm, library
+from cpu_kernels import PackedWeight, bf16_gemm, gemm, library
 from jf_jax.model.decode_view import Shards
 from jf_jax.model.quantize import Int8Weight, int8_matmul
 
@@ -137,7 +137,7 @@ def matmul(equation: str, x, w: Shards | PackedWeight | Int8Weight, dtype, row_t
     """
     prepared = PREPARED_MATMULS.get(type(w))
     if prepared is not None:
-        through_xla_dot = isinstance(w, PackedWeight) and not library.available()
+        through_xla_dot = isinstance(w, PackedWeight) and bf16_gemm.kernel_target() is None
         return _in_row_tiles(lambda t, n: prepared(t, w), x, lead, row_tile if through_xla_dot else None)
     outs = [_in_row_tiles(_shard_dot(equation, s, lead), x.astype(dtype), lead, row_tile) for s in w]
     return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=-1)

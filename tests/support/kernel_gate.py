@@ -1,7 +1,8 @@
 """Whether a test of jf-jax's CPU kernels runs, skips or fails on this machine.
 
-A machine that cannot run the kernels (not a CPU backend, or a CPU without AVX512-BF16 / AVX512-VNNI) skips
-them: nothing there could make them run. A machine that can run them must: a missing, stale or unloadable
+A machine that cannot run a kernel set (not a CPU backend, or a CPU without the set's instructions: AVX512-BF16 /
+AVX512-VNNI for ``library.AVX512``, AVX2 / FMA for ``library.AVX2``) skips its tests: nothing there could make them
+run. A machine that can run them must: a missing, stale or unloadable
 library there is an install fault (``python -m cpu_kernels.build``), and the kernel tests fail on it rather
 than turn into silent skips (which is how a broken build would otherwise pass CI).
 """
@@ -29,13 +30,15 @@ def verdict(machine_reason: str | None, library_problem: str | None) -> Verdict:
     return Verdict("run")
 
 
-def this_machine() -> Verdict:
+def this_machine(kernel_set_name: str = "avx512") -> Verdict:
     import jax
 
     from cpu_kernels import library
 
-    machine_reason = library.machine_reason(jax.default_backend(), library.cpu_flags())
-    return verdict(machine_reason, None if machine_reason else library.unavailable_reason())
+    kernel_set = {s.name: s for s in library.KERNEL_SETS}[kernel_set_name]
+    machine_reason = library.machine_reason(jax.default_backend(), library.cpu_flags(), kernel_set,
+                                            library.chosen_sets())
+    return verdict(machine_reason, None if machine_reason else library.unavailable_reason(kernel_set))
 
 
 def apply(v: Verdict) -> None:
@@ -46,3 +49,14 @@ def apply(v: Verdict) -> None:
         pytest.skip(v.reason)
     if v.action == "fail":
         pytest.fail(v.reason, pytrace=False)
+
+
+def use_only(monkeypatch, *names: str) -> None:
+    """Lets this test use only the kernel sets ``names`` (of those that run here): ``use_only(mp)`` gives the
+    plain-JAX twins everywhere, ``use_only(mp, "avx2")`` the engine of an AVX2-only CPU. Programs traced after the
+    call see it; programs compiled before it keep what they were built with."""
+    from cpu_kernels import library
+
+    available = library.available
+    monkeypatch.setattr(library, "available", lambda kernel_set=library.AVX512: kernel_set.name in names
+                        and available(kernel_set))
