@@ -8,6 +8,7 @@ slower) wherever that set would have run. Exits 0 either way, so an install goes
 
 from __future__ import annotations
 
+import platform
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import jax
 from cpu_kernels import library
 
 COMMON_FLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-w")
+X86 = ("x86_64", "amd64", "i686", "i386")  # platform.machine() of the machines the kernels' intrinsics compile on
 
 
 def build_set(compiler: str, kernel_set: library.KernelSet, quiet: bool = False) -> bool:
@@ -36,6 +38,10 @@ def build_set(compiler: str, kernel_set: library.KernelSet, quiet: bool = False)
 
 def build(quiet: bool = False) -> bool:
     """Builds every kernel set; True when all were built."""
+    if platform.machine().lower() not in X86:
+        print(f"cpu_kernels: the kernels are x86 code and this machine is {platform.machine()}; decoding will use "
+              "XLA's dots", file=sys.stderr)
+        return False
     compiler = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
     if compiler is None:
         print("cpu_kernels: no C++ compiler found; decoding will use XLA's dots", file=sys.stderr)
