@@ -27,6 +27,8 @@ from cpu_kernels import library
 TILE = 16  # output columns per AVX512 register of float32 lanes (two AVX2 registers)
 KERNELS = ((library.AVX512, "jf_bf16_gemm"), (library.AVX2, "jf_bf16_gemm_avx2"))
 """Each kernel's set and FFI target, in order of preference."""
+X_DTYPE = {"jf_bf16_gemm": jnp.bfloat16, "jf_bf16_gemm_avx2": jnp.float32}
+"""The dtype each kernel takes x's bf16 values in: AVX2 has no bf16 broadcast, so that kernel reads them widened."""
 
 
 @jax.tree_util.register_dataclass
@@ -87,10 +89,9 @@ def kernel_target() -> str | None:
 
 
 def gemm_kernel(x, p: PackedWeight, target: str):
-    """``x @ w`` in float32 through the kernel ``target`` (one of ``KERNELS``'; its set must be available)."""
+    """``x @ w`` in float32 through the kernel ``target`` (one of ``KERNELS``; its set must be available)."""
     lead, x2 = _flat(x, p)
-    if target == "jf_bf16_gemm_avx2":  # takes x's bf16 values as float32 (the AVX2 kernel has no bf16 broadcast)
-        x2 = x2.astype(jnp.float32)
+    x2 = x2.astype(X_DTYPE[target])
     rows = x2.shape[0]
     out = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((rows, p.data.shape[0] * TILE), jnp.float32),
                            vmap_method="broadcast_all")(x2, p.data)
