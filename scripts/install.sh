@@ -19,5 +19,6 @@ python -m pip install --quiet --disable-pip-version-check --root-user-action=ign
 if [[ -n "$extra" ]]; then
   python -m pip install --quiet --disable-pip-version-check --root-user-action=ignore -e ".$extra"
 fi
-# The CPU kernels (a bf16 GEMM for decode steps) with the system compiler; without them XLA's dots are used.
+# The CPU kernels with the system compiler (bf16 GEMMs for AVX-512 and for AVX2 CPUs; W8A8 and attention for
+# AVX-512 ones); where a set does not build or run, XLA's dots are used.
 python -m cpu_kernels.build
