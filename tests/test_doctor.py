@@ -73,8 +73,9 @@ def test_kernel_tests_skip_only_where_the_cpu_cannot_run_them(flags, problem, ac
 
 def test_this_machine_is_gated_by_its_own_features():
     here = machine.detect()
-    assert (kernel_gate.this_machine().action == "skip") == (library.machine_reason(here.backend, here.cpu_flags)
-                                                             is not None)
+    for kernel_set in library.KERNEL_SETS:
+        reason = library.machine_reason(here.backend, here.cpu_flags, kernel_set, library.chosen_sets())
+        assert (kernel_gate.this_machine(kernel_set.name).action == "skip") == (reason is not None)
 
 
 @pytest.mark.parametrize("m, dtype, path", [
