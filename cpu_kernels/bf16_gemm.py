@@ -28,7 +28,8 @@ TILE = 16  # output columns per AVX512 register of float32 lanes (two AVX2 regis
 KERNELS = ((library.AVX512, "jf_bf16_gemm"), (library.AVX2, "jf_bf16_gemm_avx2"))
 """Each kernel's set and FFI target, in order of preference."""
 X_DTYPE = {"jf_bf16_gemm": jnp.bfloat16, "jf_bf16_gemm_avx2": jnp.float32}
-"""The dtype each kernel takes x's bf16 values in: AVX2 has no bf16 broadcast, so that kernel reads them widened."""
+"""The dtype each kernel takes x's bf16 values in. The AVX2 kernel's inner loop broadcasts each x value straight from
+memory into a float32 register (one load, no widening per use), so it takes x widened once, by XLA, before the call."""
 
 
 @jax.tree_util.register_dataclass

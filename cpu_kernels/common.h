@@ -53,11 +53,12 @@ void RunParts(xla::ffi::ThreadPool& pool, int64_t parts, Part part) {
 }
 
 // The column tiles [0, tiles) of a small-M GEMM of an [M, K] x by a weight [K, 16 * tiles]: about four parts
-// per thread, each an even number of tiles (the GEMMs compute tiles in pairs); everything inline when the pool has
-// one thread, the call is small or one part would hold every tile. A call's cost is reading its weight (which
-// does not shrink with M: a one-row step streams the whole weight) plus its arithmetic (which grows with M), so
-// "small" counts both, as tiles * K * (M + 8) < 2^17: a 576 x 192 weight runs inline at one row, a 576 x 576 one
-// is split. ``run_tiles(t0, t1)`` computes [t0, t1).
+// per thread, each an even number of tiles (the AVX-512 GEMMs compute tiles in pairs); everything inline when the
+// pool has one thread, the call is small or one part would hold every tile. A call's cost is reading its weight
+// (which does not shrink with M: a one-row step streams the whole weight) plus its arithmetic (which grows with M),
+// so "small" counts both, as tiles * K * (M + 8) < 2^17: a 576 x 192 weight runs inline at one row, a 576 x 576
+// one is split. The weighting was measured with the AVX-512 GEMM; the AVX2 one, with more arithmetic per row,
+// splits at least as readily. ``run_tiles(t0, t1)`` computes [t0, t1).
 template <typename RunTiles>
 void RunColumnTiles(xla::ffi::ThreadPool& pool, int64_t tiles, int64_t K, int64_t M, RunTiles run_tiles) {
   const int64_t threads = pool.num_threads() > 0 ? pool.num_threads() : 1;

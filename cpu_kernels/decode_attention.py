@@ -10,6 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from cpu_kernels import library
 from cpu_kernels.library import unavailable_reason
 
 TARGETS = {jnp.dtype(jnp.bfloat16): "jf_decode_attention_bf16", jnp.dtype(jnp.float32): "jf_decode_attention_f32"}
@@ -24,7 +25,7 @@ def decode_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths):
     """q [B, T, H, Dh]; k_new, v_new [B, T, K, Dh]; new_valid [B, T]; cache_k, cache_v [Bc, S, K, Dh] (Bc divides
     B: query row b reads cache row b // (B // Bc)); lengths [Bc]. Returns float32 [B, T, H, Dh] (zeros for
     invalid queries)."""
-    reason = unavailable_reason()
+    reason = unavailable_reason(library.AVX512)
     if reason is not None:
         raise RuntimeError(f"the decode-attention kernel cannot run here: {reason}")
     dtype = jnp.dtype(q.dtype)

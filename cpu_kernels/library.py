@@ -8,7 +8,7 @@ they mean different things: the machine (``machine_reason``: a CPU backend, a CP
 limit nothing fixes; and the library (``library_problem``: built, current, loadable), a fault on a machine that
 could run it.
 
-``JF_CPU_KERNELS`` (read when a set is first asked for) limits the sets a process may use: ``all`` (the default),
+``JF_CPU_KERNELS`` (read once, when first needed) limits the sets a process may use: ``all`` (the default),
 ``avx2`` (the AVX2 set only: the engine of an AVX2-only CPU, for tests and measurements on a larger one) or
 ``none`` (XLA's dots everywhere).
 """
@@ -73,8 +73,10 @@ def cpu_flags(cpuinfo: str | None = None) -> frozenset[str] | None:
     return None
 
 
+@functools.cache
 def chosen_sets() -> tuple[str, ...]:
-    """The names of the sets ``JF_CPU_KERNELS`` lets this process use (all of them when it is unset)."""
+    """The names of the sets ``JF_CPU_KERNELS`` lets this process use (all of them when it is unset), read once, so
+    what the process reports (``jf_jax.model.machine.detect``) is what it runs."""
     choice = os.environ.get(CHOICE_VARIABLE, "all")
     if choice not in CHOICES:
         raise ValueError(f"{CHOICE_VARIABLE}={choice!r}; expected one of {', '.join(CHOICES)}")

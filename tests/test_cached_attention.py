@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from cpu_kernels import bf16_gemm
 from jf_jax.model.cached_attention import CHUNK, cached_attention, part_a_sizes
 from jf_jax.model.config import ModelConfig
 from jf_jax.model.decode_jit import YNN_OPTION, decode_jit
@@ -108,6 +109,8 @@ def test_a_token_gets_the_same_bits_however_its_forward_is_shaped(dtype, layout,
         kernel_gate.apply(kernel_gate.this_machine(kernels))
     # plain-jax: the twins (attention; XLA's dot for packed weights) must be invariant too
     kernel_gate.use_only(monkeypatch, *{"plain-jax": (), "avx512": ("avx512", "avx2"), "avx2": ("avx2",)}[kernels])
+    gemm = {"plain-jax": None, "avx512": "jf_bf16_gemm", "avx2": "jf_bf16_gemm_avx2"}[kernels]
+    assert bf16_gemm.kernel_target() == gemm  # the GEMM this case is about is the one its programs call
     cfg = MID.replace(dtype=dtype)
     params = cast_params(init_params(cfg, jax.random.PRNGKey(0)), cfg.compute_dtype)
     params = decode_view(params, **{"shards": dict(column_shards=2), "packed": dict(pack=True),

@@ -8,9 +8,11 @@ fails it (``tests.support.kernel_gate``).
 """
 
 import functools
+import os
 import re
 import shutil
 import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +20,7 @@ import numpy as np
 import pytest
 
 import cpu_kernels
-from cpu_kernels.bf16_gemm import gemm_kernel, unpack_weight
+from cpu_kernels.bf16_gemm import KERNELS, gemm_kernel, kernel_target, unpack_weight
 from jf_jax.model.cached_attention import cached_attention
 from jf_jax.model.decode_view import decode_view, stacked_params
 from jf_jax.model.params import cast_params, init_params
@@ -42,7 +44,7 @@ def test_odd_contraction_is_refused():
         cpu_kernels.pack_weight(np.zeros((3, 16)))
 
 
-GEMMS = {"avx512": "jf_bf16_gemm", "avx2": "jf_bf16_gemm_avx2"}  # kernel set -> its GEMM's FFI target
+GEMMS = {kernel_set.name: target for kernel_set, target in KERNELS}  # kernel set -> its GEMM's FFI target
 
 
 @pytest.mark.parametrize("kernel_set", list(GEMMS))
@@ -55,7 +57,7 @@ def test_gemm_equals_xla_dot_and_rows_are_independent(K, N, kernel_set):
     kernel = jax.jit(functools.partial(gemm_kernel, target=GEMMS[kernel_set]))
     full = np.asarray(kernel(x, p))
     np.testing.assert_allclose(full, np.asarray(jax.jit(cpu_kernels.gemm_reference)(x, p)), rtol=1e-5, atol=1e-4)
-    for rows in (1, 2, 3, 4, 5, 7, 9, 16, 33):  # every row-block size of both kernels, and mixes of them
+    for rows in (1, 2, 3, 4, 5, 6, 7, 9, 16, 33):  # every row-block size of both kernels, and mixes of them
         np.testing.assert_array_equal(np.asarray(kernel(x[:rows], p)), full[:rows])
 
 
@@ -78,14 +80,27 @@ def test_the_avx2_library_holds_no_avx512_instruction(avx2_gemm_runs_here):
     text = subprocess.run([objdump, "-d", str(cpu_kernels.library.AVX2.library)], capture_output=True, text=True,
                           check=True).stdout
     assert "vfmadd" in text and "ymm" in text  # it is the AVX2 kernel
-    evex = [line for line in text.splitlines() if "%zmm" in line or re.search(r"%k[0-7]\b", line)]
+    # An AVX-512 instruction names a zmm register, a mask register or a vector register above 15, or (any of them,
+    # also with ymm0-15 alone) starts with the EVEX prefix byte 0x62 (an instruction line: address, bytes, text).
+    registers = re.compile(r"%zmm|%k[0-7]\b|%[xy]mm(1[6-9]|2[0-9]|3[01])\b")
+    evex = [line for line in text.splitlines() if registers.search(line)
+            or (len(fields := line.split("\t")) >= 3 and fields[1].split()[:1] == ["62"])]
     assert not evex, evex[:5]
+
+
+def test_the_process_variable_selects_the_avx2_gemm(avx2_gemm_runs_here):
+    """``JF_CPU_KERNELS=avx2``, read at start-up, makes the AVX2 GEMM the one that runs (and the AVX-512 set idle)."""
+    code = "from cpu_kernels import bf16_gemm, library; print(bf16_gemm.kernel_target(), library.available())"
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "JF_CPU_KERNELS": "avx2"},
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["jf_bf16_gemm_avx2", "False"]
 
 
 @pytest.mark.parametrize("kernel_set", list(GEMMS))
 def test_packed_decode_view_keeps_the_model(kernel_set, monkeypatch):
     kernel_gate.apply(kernel_gate.this_machine(kernel_set))
     kernel_gate.use_only(monkeypatch, kernel_set)
+    assert kernel_target() == GEMMS[kernel_set]
     cfg = MID.replace(dtype="bfloat16")
     params = cast_params(init_params(cfg, jax.random.PRNGKey(0)), cfg.compute_dtype)
     packed = decode_view(params, pack=True)

@@ -30,7 +30,8 @@ kernels (avx512_bf16/avx512_vnni; avx2/fma for the AVX2 GEMM), and what XLA's ow
 # Where jacobi and mr decoding have been shown to return AR's tokens bit for bit, per (backend, dtype): the
 # README's device table. int8 is shown against its own int8 AR, which is the only AR it can equal.
 CPU_TESTS = ("tests/test_real_smollm2_decoding.py and the decoding tests, on AVX2-only, AVX512-BF16 and AMX x86 "
-             "CPUs (README's device table)")
+             "CPUs; the AVX2 GEMM engine on an AMX Xeon limited to it (JF_CPU_KERNELS=avx2), not yet on an "
+             "AVX2-only CPU (README's device table)")
 LOSSLESS = {
     ("cpu", "float32"): f"tested: {CPU_TESTS}",
     ("cpu", "bfloat16"): f"tested: {CPU_TESTS}",
@@ -62,8 +63,9 @@ class Machine:
     kernels_library_problem: str | None = None
     """What is wrong with their compiled library (``library.library_problem``); None: nothing."""
     avx2_machine_reason: str | None = "not looked for"
-    """The same for the AVX2 GEMM kernel (``library.AVX2``)."""
+    """Why this machine cannot run the AVX2 GEMM (``library.AVX2``); None: it can. ``detect`` always looks."""
     avx2_library_problem: str | None = None
+    """What is wrong with the AVX2 GEMM's library; None: nothing."""
 
     @property
     def kernels_run(self) -> bool:
@@ -173,8 +175,8 @@ def engine_path(machine: Machine, dtype: str) -> EnginePath:
                           attention)
     return EnginePath(dtype, f"int8 via XLA integer dots ({kernels_absent(machine, 'avx512_vnni')})",
                       "the W8A8 kernel's plain-JAX twin in XLA", attention,
-                      "slow without the VNNI kernel: on an AVX2-only CPU 12-30% slower than bfloat16 "
-                      "(results/studies/decode_engine_speed/dtypes_avx2.json)")
+                      "slow without the VNNI kernel: on an AVX2-only CPU 12-30% slower than bfloat16 through XLA's "
+                      "dots (results/studies/decode_engine_speed/dtypes_avx2.json)")
 
 
 def lossless_evidence(backend: str, dtype: str) -> str:

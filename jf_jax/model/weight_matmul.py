@@ -130,7 +130,8 @@ def matmul(equation: str, x, w: Shards | PackedWeight | Int8Weight, dtype, row_t
 
     ``equation`` names x's ``lead`` row axes first; ``row_tile`` (``DotRows.tile``) bounds the rows of one product.
     A prepared weight (``PREPARED_MATMULS``) multiplies x as given; the kernels' rows are independent and int8's
-    sums exact, so only packed weights without the kernel library (XLA's dot, ``gemm_reference``) are tiled.
+    sums exact, so only packed weights when no GEMM kernel runs (``bf16_gemm.kernel_target()`` is None: XLA's dot,
+    ``gemm_reference``) are tiled.
     ``Shards`` multiply x cast to ``dtype``, one dot per shard, concatenated back: the shards' dots are independent,
     so XLA's CPU runtime runs them on different cores (a one-token step is a chain of matrix-vector products, and
     one XLA dot runs on a single core).
