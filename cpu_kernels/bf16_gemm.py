@@ -25,11 +25,23 @@ import jax.numpy as jnp
 from cpu_kernels import library
 
 TILE = 16  # output columns per AVX512 register of float32 lanes (two AVX2 registers)
-KERNELS = ((library.AVX512, "jf_bf16_gemm"), (library.AVX2, "jf_bf16_gemm_avx2"))
-"""Each kernel's set and FFI target, in order of preference."""
-X_DTYPE = {"jf_bf16_gemm": jnp.bfloat16, "jf_bf16_gemm_avx2": jnp.float32}
-"""The dtype each kernel takes x's bf16 values in. The AVX2 kernel's inner loop broadcasts each x value straight from
-memory into a float32 register (one load, no widening per use), so it takes x widened once, by XLA, before the call."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmKernel:
+    """One of the GEMM kernels: the set it is built in, and how it is called."""
+
+    kernel_set: library.KernelSet
+    target: str
+    """Its FFI target."""
+    x_dtype: type
+    """The dtype it takes x's bf16 values in. The AVX2 kernel's inner loop broadcasts each x value straight from
+    memory into a float32 register (one load, no widening per use), so it takes x widened once, by XLA."""
+
+
+KERNELS = (GemmKernel(library.AVX512, "jf_bf16_gemm", jnp.bfloat16),
+           GemmKernel(library.AVX2, "jf_bf16_gemm_avx2", jnp.float32))
+"""In order of preference."""
 
 
 @jax.tree_util.register_dataclass
@@ -86,13 +98,13 @@ def gemm_reference(x, p: PackedWeight):
 
 def kernel_target() -> str | None:
     """The FFI target of the GEMM kernel this process runs (None: none runs here, ``gemm`` is ``gemm_reference``)."""
-    return next((target for kernel_set, target in KERNELS if library.available(kernel_set)), None)
+    return next((k.target for k in KERNELS if library.available(k.kernel_set)), None)
 
 
 def gemm_kernel(x, p: PackedWeight, target: str):
     """``x @ w`` in float32 through the kernel ``target`` (one of ``KERNELS``; its set must be available)."""
     lead, x2 = _flat(x, p)
-    x2 = x2.astype(X_DTYPE[target])
+    x2 = x2.astype(next(k.x_dtype for k in KERNELS if k.target == target))
     rows = x2.shape[0]
     out = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((rows, p.data.shape[0] * TILE), jnp.float32),
                            vmap_method="broadcast_all")(x2, p.data)

@@ -132,5 +132,12 @@ def unavailable_reason(kernel_set: KernelSet = AVX512) -> str | None:
     return reason
 
 
+def this_process(kernel_set: KernelSet) -> tuple[str | None, str | None]:
+    """(``machine_reason``, ``library_problem``) of ``kernel_set`` in this process: its backend, CPU and chosen sets;
+    the library is loaded (and its kernels registered, as decoding would) only where the machine can run it."""
+    reason = machine_reason(jax.default_backend(), cpu_flags(), kernel_set, chosen_sets())
+    return reason, library_problem(load=False, kernel_set=kernel_set) if reason else unavailable_reason(kernel_set)
+
+
 def available(kernel_set: KernelSet = AVX512) -> bool:
     return unavailable_reason(kernel_set) is None

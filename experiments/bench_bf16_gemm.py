@@ -57,7 +57,7 @@ def step_program(engine: str):
 
     def product(x, w):
         if engine != "xla":
-            return bf16_gemm.gemm_kernel(x, w, {s.name: t for s, t in bf16_gemm.KERNELS}[engine])
+            return bf16_gemm.gemm_kernel(x, w, {k.kernel_set.name: k.target for k in bf16_gemm.KERNELS}[engine])
         rows = x.shape[0]
         x = jnp.pad(x, ((0, max(fewest - rows, 0)), (0, 0)))
         return jnp.concatenate([mixed_einsum("mk,kn->mn", x, s) for s in w], axis=1)[:rows]

@@ -44,7 +44,7 @@ def test_odd_contraction_is_refused():
         cpu_kernels.pack_weight(np.zeros((3, 16)))
 
 
-GEMMS = {kernel_set.name: target for kernel_set, target in KERNELS}  # kernel set -> its GEMM's FFI target
+GEMMS = {k.kernel_set.name: k.target for k in KERNELS}  # kernel set -> its GEMM's FFI target
 
 
 @pytest.mark.parametrize("kernel_set", list(GEMMS))

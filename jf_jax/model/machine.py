@@ -103,19 +103,10 @@ def cpu_model(cpuinfo: str | None = None) -> str | None:
 def detect() -> Machine:
     """This process's machine. Starts JAX's default backend; loads a kernel library only on a CPU that can run
     it (through ``library.unavailable_reason``, which also registers the kernels, as decoding would)."""
-    backend = jax.default_backend()
-    flags = library.cpu_flags()
-    chosen = library.chosen_sets()
-
-    def verdict(kernel_set):
-        reason = library.machine_reason(backend, flags, kernel_set, chosen)
-        problem = (library.library_problem(load=False, kernel_set=kernel_set) if reason
-                   else library.unavailable_reason(kernel_set))
-        return reason, problem
-
-    (reason, problem), (avx2_reason, avx2_problem) = verdict(library.AVX512), verdict(library.AVX2)
-    return Machine(backend=backend, devices=tuple(d.device_kind for d in jax.devices()), cpu_model=cpu_model(),
-                   cpu_flags=flags, cores=os.cpu_count() or 1, kernels_machine_reason=reason,
+    (reason, problem), (avx2_reason, avx2_problem) = map(library.this_process, (library.AVX512, library.AVX2))
+    return Machine(backend=jax.default_backend(), devices=tuple(d.device_kind for d in jax.devices()),
+                   cpu_model=cpu_model(), cpu_flags=library.cpu_flags(), cores=os.cpu_count() or 1,
+                   kernels_machine_reason=reason,
                    kernels_library_problem=problem, avx2_machine_reason=avx2_reason,
                    avx2_library_problem=avx2_problem)
 

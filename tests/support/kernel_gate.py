@@ -1,10 +1,10 @@
 """Whether a test of jf-jax's CPU kernels runs, skips or fails on this machine.
 
 A machine that cannot run a kernel set (not a CPU backend, or a CPU without the set's instructions: AVX512-BF16 /
-AVX512-VNNI for ``library.AVX512``, AVX2 / FMA for ``library.AVX2``) skips its tests: nothing there could make them
-run. A machine that can run them must: a missing, stale or unloadable
-library there is an install fault (``python -m cpu_kernels.build``), and the kernel tests fail on it rather
-than turn into silent skips (which is how a broken build would otherwise pass CI).
+AVX512-VNNI for ``library.AVX512``, AVX2 / FMA for ``library.AVX2``) skips its tests: nothing there could make
+them run. A machine that can run them must: a missing, stale or unloadable library there is an install fault
+(``python -m cpu_kernels.build``), and the kernel tests fail on it rather than turn into silent skips (which is
+how a broken build would otherwise pass CI).
 """
 
 from __future__ import annotations
@@ -31,14 +31,9 @@ def verdict(machine_reason: str | None, library_problem: str | None) -> Verdict:
 
 
 def this_machine(kernel_set_name: str = "avx512") -> Verdict:
-    import jax
-
     from cpu_kernels import library
 
-    kernel_set = {s.name: s for s in library.KERNEL_SETS}[kernel_set_name]
-    machine_reason = library.machine_reason(jax.default_backend(), library.cpu_flags(), kernel_set,
-                                            library.chosen_sets())
-    return verdict(machine_reason, None if machine_reason else library.unavailable_reason(kernel_set))
+    return verdict(*library.this_process({s.name: s for s in library.KERNEL_SETS}[kernel_set_name]))
 
 
 def apply(v: Verdict) -> None:
