@@ -68,8 +68,8 @@ def main(argv=None) -> int:
     report = {
         "command": " ".join(["python", "experiments/bench_dtypes.py", *(argv or sys.argv[1:])]),
         "machine": {"cpu_model": here.cpu_model, "cores": here.cores, "backend": here.backend,
-                    "features": here.features(), "kernels": "run" if here.kernels_run else
-                    here.kernels_machine_reason or here.kernels_library_problem,
+                    "features": here.features(), "kernels": "run" if here.avx512_kernels_run else
+                    here.avx512_machine_reason or here.avx512_library_problem,
                     "avx2_gemm": "run" if here.avx2_gemm_runs else
                     here.avx2_machine_reason or here.avx2_library_problem,
                     "kernel_sets_allowed": list(library.chosen_sets()), "read_bandwidth_gbs": bandwidth,

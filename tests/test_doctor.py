@@ -22,7 +22,7 @@ def cpu(flags, library_problem=None, avx2_problem="same", **kw) -> Machine:
     """A CPU machine with ``flags`` (None: unknown), its kernel verdicts derived as ``machine.detect`` derives them;
     ``library_problem`` is both libraries' unless ``avx2_problem`` says otherwise (one build makes both)."""
     return Machine(backend="cpu", devices=("cpu",), cpu_model="test CPU", cpu_flags=flags, cores=2,
-                   kernels_machine_reason=library.machine_reason("cpu", flags), kernels_library_problem=library_problem,
+                   avx512_machine_reason=library.machine_reason("cpu", flags), avx512_library_problem=library_problem,
                    avx2_machine_reason=library.machine_reason("cpu", flags, library.AVX2),
                    avx2_library_problem=library_problem if avx2_problem == "same" else avx2_problem, **kw)
 
@@ -80,7 +80,7 @@ def test_kernel_tests_skip_only_where_the_cpu_cannot_run_them(flags, problem, ac
 def test_this_machine_is_gated_as_it_is_detected():
     """The tests' gate and the engine's own detection agree on which kernel sets run here."""
     here = machine.detect()
-    assert (kernel_gate.this_machine("avx512").action == "run") == here.kernels_run
+    assert (kernel_gate.this_machine("avx512").action == "run") == here.avx512_kernels_run
     assert (kernel_gate.this_machine("avx2").action == "run") == here.avx2_gemm_runs
 
 
@@ -94,9 +94,9 @@ def test_this_machine_is_gated_as_it_is_detected():
     (cpu(AVX2 | {"avx512_bf16"}), "bfloat16", "bf16 via the jf-jax AVX2 GEMM kernel (no AVX512-VNNI)"),
     (cpu(None), "bfloat16", "bf16 via XLA dots (CPU features unknown)"),
     (cpu(AVX512_BF16 | {"amx_bf16", "amx_tile"}), "bfloat16", "bf16 via jf-jax AVX512-BF16 kernels"),
-    (Machine(backend="gpu", devices=("NVIDIA H100 80GB HBM3",), kernels_machine_reason="gpu"), "float32",
+    (Machine(backend="gpu", devices=("NVIDIA H100 80GB HBM3",), avx512_machine_reason="gpu"), "float32",
      "f32 via XLA on gpu"),
-    (Machine(backend="tpu", devices=("TPU v5 lite",), kernels_machine_reason="tpu"), "float32",
+    (Machine(backend="tpu", devices=("TPU v5 lite",), avx512_machine_reason="tpu"), "float32",
      "f32 via XLA on tpu"),
 ], ids=["avx512-bf16", "avx512-bf16-unbuilt", "avx2", "avx2-unbuilt", "bf16-no-vnni", "unknown-cpu", "amx", "gpu",
         "tpu"])
@@ -108,7 +108,7 @@ def test_auto_picks_the_fastest_dtype_shown_lossless_here(m, dtype, path):
 
 
 def test_gpu_bf16_is_passed_over_while_it_is_not_shown_lossless():
-    choice = machine.choose_dtype("auto", Machine(backend="gpu", kernels_machine_reason="gpu"))
+    choice = machine.choose_dtype("auto", Machine(backend="gpu", avx512_machine_reason="gpu"))
     assert choice.dtype == "float32" and "bfloat16 is faster" in choice.reason and "is NOT shown" in choice.reason
 
 

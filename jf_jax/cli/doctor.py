@@ -50,7 +50,8 @@ def report(machine) -> dict:
         "devices": list(machine.devices),
         "cpu": {"model": machine.cpu_model or "unknown", "cores": machine.cores,
                 "features": machine.features() or "unknown"},
-        "cpu_kernels": kernels(machine.kernels_run, machine.kernels_machine_reason, machine.kernels_library_problem),
+        "avx512_kernels": kernels(machine.avx512_kernels_run, machine.avx512_machine_reason,
+                                  machine.avx512_library_problem),
         "avx2_gemm": kernels(machine.avx2_gemm_runs, machine.avx2_machine_reason, machine.avx2_library_problem),
         "decode_paths": {d: {"summary": p.summary, "matmuls": p.matmuls, "attention": p.attention,
                              **({"note": p.note} if p.note else {})} for d, p in paths.items()},
@@ -74,7 +75,7 @@ def format_report(r: dict) -> str:
     if r["backend"] == "cpu":
         lines += [f"cpu           {cpu['model']}, {cpu['cores']} cores", f"features      {features}"]
     lines += [
-        f"cpu kernels   AVX-512 set (bf16 GEMM, W8A8, attention): {r['cpu_kernels']}",
+        f"cpu kernels   AVX-512 set (bf16 GEMM, W8A8, attention): {r['avx512_kernels']}",
         f"              AVX2 bf16 GEMM: {r['avx2_gemm']}",
         "decode paths",
         *(f"  {d:<9}   {p['summary']}" + (f"\n              note: {p['note']}" if "note" in p else "")

@@ -57,10 +57,10 @@ class Machine:
     cpu_flags: frozenset[str] | None = None
     """The CPU's feature flags (/proc/cpuinfo); None when unknown (not Linux)."""
     cores: int = 1
-    kernels_machine_reason: str | None = None
+    avx512_machine_reason: str | None = None
     """Why this machine cannot run the AVX-512 kernels (``library.AVX512``) whatever is built
     (``library.machine_reason``); None: it can."""
-    kernels_library_problem: str | None = None
+    avx512_library_problem: str | None = None
     """What is wrong with their compiled library (``library.library_problem``); None: nothing."""
     avx2_machine_reason: str | None = "not looked for"
     """Why this machine cannot run the AVX2 GEMM (``library.AVX2``); None: it can. ``detect`` always looks."""
@@ -68,9 +68,9 @@ class Machine:
     """What is wrong with the AVX2 GEMM's library; None: nothing."""
 
     @property
-    def kernels_run(self) -> bool:
+    def avx512_kernels_run(self) -> bool:
         """The AVX-512 kernels run: bf16 GEMM, W8A8 matmul and decode attention."""
-        return self.kernels_machine_reason is None and self.kernels_library_problem is None
+        return self.avx512_machine_reason is None and self.avx512_library_problem is None
 
     @property
     def avx2_gemm_runs(self) -> bool:
@@ -79,7 +79,7 @@ class Machine:
     @property
     def packs_bf16(self) -> bool:
         """A bf16 GEMM kernel runs, so bf16 weights are packed for it at load (``jf_jax.api.load_model``)."""
-        return self.kernels_run or self.avx2_gemm_runs
+        return self.avx512_kernels_run or self.avx2_gemm_runs
 
     def features(self) -> dict[str, bool] | None:
         """Each of ``CPU_FEATURES``: present or not; None when the flags are unknown."""
@@ -106,8 +106,8 @@ def detect() -> Machine:
     (reason, problem), (avx2_reason, avx2_problem) = map(library.this_process, (library.AVX512, library.AVX2))
     return Machine(backend=jax.default_backend(), devices=tuple(d.device_kind for d in jax.devices()),
                    cpu_model=cpu_model(), cpu_flags=library.cpu_flags(), cores=os.cpu_count() or 1,
-                   kernels_machine_reason=reason,
-                   kernels_library_problem=problem, avx2_machine_reason=avx2_reason,
+                   avx512_machine_reason=reason,
+                   avx512_library_problem=problem, avx2_machine_reason=avx2_reason,
                    avx2_library_problem=avx2_problem)
 
 
@@ -125,9 +125,9 @@ class EnginePath:
 
 
 def kernels_absent(machine: Machine, flag: str = "avx512_bf16") -> str:
-    """Why jf-jax's CPU kernels do not run, in a few words for a header (``kernels_run`` must be False); a missing
-    ``flag`` (the one the dtype's kernel is named after) is named first."""
-    if machine.kernels_machine_reason is None:
+    """Why jf-jax's AVX-512 kernels do not run, in a few words for a header (``avx512_kernels_run`` must be False); a
+    missing ``flag`` (the one the dtype's kernel is named after) is named first."""
+    if machine.avx512_machine_reason is None:
         return "kernel library unavailable: python -m cpu_kernels.build"
     if machine.cpu_flags is None:
         return "CPU features unknown"
@@ -144,24 +144,24 @@ def engine_path(machine: Machine, dtype: str) -> EnginePath:
     if machine.backend != "cpu":
         return EnginePath(dtype, f"{short} via XLA on {machine.backend}", f"XLA dots on {machine.backend}",
                           "plain JAX (jf_jax/model/cached_attention.py) in XLA")
-    attention = ("jf-jax decode-attention kernel" if machine.kernels_run
+    attention = ("jf-jax decode-attention kernel" if machine.avx512_kernels_run
                  else f"plain JAX in XLA (the kernel's twin; {kernels_absent(machine)})")
     sharded = "XLA dots, each weight in one column shard per core"
     if dtype == "float32":
         return EnginePath(dtype, "f32 via XLA dots", sharded, attention)
     if dtype == "bfloat16":
-        if machine.kernels_run:
+        if machine.avx512_kernels_run:
             return EnginePath(dtype, "bf16 via jf-jax AVX512-BF16 kernels",
                               "jf-jax bf16 GEMM kernel on weights packed at load", attention)
-        note = (f"the faster AVX512-BF16 kernels would run here: {machine.kernels_library_problem}"
-                if machine.kernels_machine_reason is None else None)
+        note = (f"the faster AVX512-BF16 kernels would run here: {machine.avx512_library_problem}"
+                if machine.avx512_machine_reason is None else None)
         if machine.avx2_gemm_runs:
             return EnginePath(dtype, f"bf16 via the jf-jax AVX2 GEMM kernel ({kernels_absent(machine)})",
                               "jf-jax AVX2/FMA bf16 GEMM kernel on weights packed at load", attention, note)
         if note is None and machine.avx2_machine_reason is None:
             note = f"the packed bf16 GEMM kernel would run here: {machine.avx2_library_problem}"
         return EnginePath(dtype, f"bf16 via XLA dots ({kernels_absent(machine)})", sharded, attention, note)
-    if machine.kernels_run:
+    if machine.avx512_kernels_run:
         return EnginePath(dtype, "int8 via jf-jax AVX512-VNNI kernels", "jf-jax W8A8 kernel (exact int32 sums)",
                           attention)
     return EnginePath(dtype, f"int8 via XLA integer dots ({kernels_absent(machine, 'avx512_vnni')})",
@@ -178,7 +178,7 @@ def lossless_evidence(backend: str, dtype: str) -> str:
 
 def fastest_first(machine: Machine) -> tuple[tuple[str, str], ...]:
     """The model-keeping dtypes, fastest first on ``machine``, each with the measurement that places it."""
-    if machine.backend == "cpu" and machine.kernels_run:
+    if machine.backend == "cpu" and machine.avx512_kernels_run:
         return (("bfloat16", "bf16 AR ran at 3.3x float32 AR through the packed kernels on a 2-core AVX512-BF16 CPU "
                              "(results/studies/decode_engine_speed/bench_engine.md)"),
                 ("float32", "the reference"))
@@ -248,8 +248,8 @@ def environment(machine: Machine, choice: DtypeChoice) -> dict:
     """The machine and the engine path of ``choice``, as plain data (the decode report's "environment")."""
     return {"jax": jax.__version__, "backend": machine.backend, "devices": list(machine.devices),
             "cpu_model": machine.cpu_model, "cpu_features": machine.features(),
-            "cpu_kernels": "run" if machine.kernels_run else
-            machine.kernels_machine_reason or machine.kernels_library_problem,
+            "avx512_kernels": "run" if machine.avx512_kernels_run else
+            machine.avx512_machine_reason or machine.avx512_library_problem,
             "avx2_gemm": "run" if machine.avx2_gemm_runs else
             machine.avx2_machine_reason or machine.avx2_library_problem,
             "dtype": choice.dtype, "dtype_requested": choice.requested, "dtype_reason": choice.reason,
