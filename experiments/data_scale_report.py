@@ -45,8 +45,36 @@ def read_point(path: str) -> dict:
     if os.path.exists(nll_path):
         with open(nll_path) as f:
             scored = json.load(f)["results"][0]["humaneval_nll"]
-        nll = dict(problems=scored["problems"], nll_per_token=scored["nll_per_token"])
+        nll = dict(problems=scored["problems"], nll_per_token=scored["nll_per_token"],
+                   per_problem={i["task_id"]: i["nll"] / max(i["tokens"], 1) for i in scored["items"]})
     return dict(arm=arm, size=int(size), responses=result.get("responses"), methods=methods, humaneval_nll=nll)
+
+
+def add_nll_change(points: list[dict]) -> None:
+    """Each trained point's NLL change from the base: the mean over the problems both scored of the difference in
+    NLL per solution token, with its paired bootstrap 95% interval (the problems' own spread is far larger than
+    what a fine-tune moves, so only the paired difference resolves it)."""
+    from jf_jax.decoding.stats import bootstrap_mean_interval
+
+    base = next((p["humaneval_nll"] for p in points if p["arm"] == "base" and p["humaneval_nll"]), None)
+    for p in points:
+        nll = p["humaneval_nll"]
+        if base is None or nll is None or p["arm"] == "base":
+            continue
+        shared = sorted(set(nll["per_problem"]) & set(base["per_problem"]))
+        diffs = [nll["per_problem"][t] - base["per_problem"][t] for t in shared]
+        nll["change_from_base"] = dict(problems=len(diffs), mean=float(np.mean(diffs)),
+                                       ci95=bootstrap_mean_interval(diffs))
+
+
+def nll_text(nll: dict | None) -> str:
+    if nll is None:
+        return "-"
+    change = nll.get("change_from_base")
+    if change is None:
+        return f"{nll['nll_per_token']:.3f}"
+    low, high = change["ci95"]
+    return f"{nll['nll_per_token']:.3f} ({change['mean']:+.3f} [{low:+.3f}, {high:+.3f}])"
 
 
 def fit(points: list[tuple[float, float]]) -> dict | None:
@@ -70,6 +98,7 @@ def main(folder: str) -> int:
     kept = json.load(open(responses_file)) if os.path.exists(responses_file) else {}
     for pt in points:
         pt["responses"] = kept.get(str(pt["size"]), pt["size"]) if pt["size"] else 0
+    add_nll_change(points)
     fits = {}
     for arm in sorted({p["arm"] for p in points} - {"base"}):
         for method in sorted({m for p in points for m in p["methods"]}):
@@ -80,14 +109,15 @@ def main(folder: str) -> int:
     with open(os.path.join(folder, "curve.json"), "w") as f:
         json.dump(dict(points=points, fits=fits), f, indent=1)
     lines = ["| arm | responses | method | held-out mean TPF w/o loops [95% CI] | loop rate | held-out mean TPF (all) "
-             "| train-prompt mean TPF w/o loops | HumanEval solution NLL |", "|---|---|---|---|---|---|---|---|"]
+             "| train-prompt mean TPF w/o loops | HumanEval solution NLL (change from base [95% CI]) |",
+             "|---|---|---|---|---|---|---|---|"]
     for p in sorted(points, key=lambda p: (p["arm"] != "base", p["arm"], p["size"])):
         for method, splits in sorted(p["methods"].items()):
             held, train = splits.get("heldout", {}), splits.get("train", {})
             wl = held.get("without_loops") or {}
             ci = wl.get("mean_tpf_ci95") or [float("nan")] * 2
             twl = (train.get("without_loops") or {}).get("mean_tpf", float("nan"))
-            nll = f"{p['humaneval_nll']['nll_per_token']:.3f}" if p["humaneval_nll"] else "-"
+            nll = nll_text(p["humaneval_nll"])
             lines.append(f"| {p['arm']} | {p['responses']} | {method} | {wl.get('mean_tpf', float('nan')):.3f} "
                          f"[{ci[0]:.3f}, {ci[1]:.3f}] | {held.get('loop_rate', float('nan')):.2f} | "
                          f"{held.get('mean_tpf', float('nan')):.3f} | {twl:.3f} | {nll} |")

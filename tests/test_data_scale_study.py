@@ -55,6 +55,9 @@ def test_the_tiny_study_runs_end_to_end_and_resumes(tmp_path):
     assert curve["fits"]["kl jacobi n=4"] is None  # one point: no slope
     assert all(p["humaneval_nll"]["problems"] == 2 and p["humaneval_nll"]["nll_per_token"] > 0
                for p in curve["points"])
+    changes = [p["humaneval_nll"]["change_from_base"] for p in curve["points"] if p["arm"] != "base"]
+    assert len(changes) == 3 and all(c["problems"] == 2 and c["ci95"][0] <= c["mean"] <= c["ci95"][1]
+                                     for c in changes)
     assert (results / "tiny" / "curve.png").stat().st_size > 0
     # The same command again finds every stage done: nothing is collected, trained or evaluated twice.
     again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

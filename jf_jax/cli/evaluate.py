@@ -30,6 +30,7 @@ its token_ids) and OUT.md (tables).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -160,19 +161,12 @@ def humaneval_answer_nll(model, problems: list[dict], *, bucket: int = 128) -> d
 
     Sequences are right-padded to a multiple of ``bucket`` (causal attention: padding never reaches the scored
     positions), so a few programs compile for all 164 problems."""
-    import jax
-    import jax.numpy as jnp
     import numpy as np
 
     from jf_jax.api import encode_prompts
     from jf_jax.data.humaneval import humaneval_prompt
-    from jf_jax.model.transformer import forward_logits
 
-    @jax.jit
-    def target_logprobs(params, tokens, targets):
-        logits, _ = forward_logits(params, model.cfg, tokens)
-        return jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), targets[..., None], axis=-1)[..., 0]
-
+    target_logprobs = _target_logprobs()
     tok = model.tokenizer
     prompts = encode_prompts(model, [humaneval_prompt(p) for p in problems])
     items = []
@@ -187,11 +181,28 @@ def humaneval_answer_nll(model, problems: list[dict], *, bucket: int = 128) -> d
         tokens = np.zeros((1, length), np.int32)
         tokens[0, : len(ids)] = ids
         targets = np.roll(tokens, -1, axis=1)
-        logp = np.asarray(target_logprobs(model.params, tokens, targets))[0, first - 1 : len(ids) - 1]
+        logp = np.asarray(target_logprobs(model.params, model.cfg, tokens, targets))[0, first - 1 : len(ids) - 1]
         items.append(dict(task_id=problem["task_id"], tokens=int(logp.size), nll=float(-logp.sum())))
     total = sum(i["tokens"] for i in items)
     return dict(problems=len(items), tokens=total, nll_per_token=sum(i["nll"] for i in items) / max(total, 1),
                 items=items)
+
+
+@functools.cache
+def _target_logprobs():
+    """The jitted log-probability of each target token, one program per (model config, length) for the process:
+    the data-scale study scores several models in one process."""
+    import jax
+    import jax.numpy as jnp
+
+    from jf_jax.model.transformer import forward_logits
+
+    @functools.partial(jax.jit, static_argnums=1)
+    def target_logprobs(params, cfg, tokens, targets):
+        logits, _ = forward_logits(params, cfg, tokens)
+        return jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), targets[..., None], axis=-1)[..., 0]
+
+    return target_logprobs
 
 
 def _sampling_text(args: dict) -> str:
