@@ -134,12 +134,13 @@ def main(folder: str) -> int:
 
 
 def plot(points: list[dict], path: str) -> None:
+    """Held-out TPF against responses (left) and the solution-NLL change from the base (right), per arm."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, (ax, ax_nll) = plt.subplots(1, 2, figsize=(11, 4))
     for arm in sorted({p["arm"] for p in points} - {"base"}):
         for method in sorted({m for p in points for m in p["methods"]}):
             xy = sorted((p["responses"], (p["methods"][method]["heldout"].get("without_loops") or {}).get("mean_tpf"))
@@ -147,15 +148,26 @@ def plot(points: list[dict], path: str) -> None:
             xy = [(x, y) for x, y in xy if y is not None]
             if xy:
                 ax.plot(*zip(*xy), marker="o", label=f"{arm} {method}")
+        changes = sorted((p["responses"], p["humaneval_nll"]["change_from_base"]) for p in points
+                         if p["arm"] == arm and p["humaneval_nll"] and "change_from_base" in p["humaneval_nll"])
+        if changes:
+            x = [c[0] for c in changes]
+            mean = np.array([c[1]["mean"] for c in changes])
+            ci = np.array([c[1]["ci95"] for c in changes]).T
+            ax_nll.errorbar(x, mean, yerr=[mean - ci[0], ci[1] - mean], marker="o", capsize=3, label=arm)
     for p in points:
         if p["arm"] == "base":
             for method, splits in p["methods"].items():
                 ax.axhline((splits["heldout"].get("without_loops") or {}).get("mean_tpf", np.nan), ls=":",
                            color="gray")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("training responses")
     ax.set_ylabel("held-out TPF, looping answers left out")
-    ax.legend(fontsize=8)
+    ax_nll.axhline(0.0, ls=":", color="gray")
+    ax_nll.set_ylabel("solution NLL minus the base's (95% CI)")
+    for a in (ax, ax_nll):
+        a.set_xscale("log", base=2)
+        a.set_xlabel("training responses")
+        if a.get_legend_handles_labels()[0]:
+            a.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
