@@ -3,10 +3,10 @@
     python experiments/data_scale_report.py results/studies/data_scale/cpu
 
 Reads every ``eval_<arm>_<size>.json`` (``jf-jax evaluate`` output) of the folder, with its ``nll_<arm>_<size>.json``
-where there is one, and writes ``curve.json``, ``curve.md`` and ``curve.png``: per (arm, responses) the held-out TPF
-of jacobi and mr without looping answers (mean per prompt, with its bootstrap 95% interval), the loop rate, TPF on
-training prompts, the NLL of HumanEval's canonical solutions (quality), and per arm and method the least-squares
-slope of TPF against log2(responses) with what it predicts at 10,000 responses.
+or ``humaneval_<arm>_<size>.json`` where there is one, and writes ``curve.json``, ``curve.md`` and ``curve.png``:
+per (arm, responses) the held-out TPF of jacobi and mr without looping answers (mean per prompt, with its bootstrap
+95% interval), the loop rate, TPF on training prompts, the NLL of HumanEval's canonical solutions (quality), and per
+arm and method the least-squares slope of TPF against log2(responses) with what it predicts at 10,000 responses.
 """
 
 from __future__ import annotations
@@ -40,14 +40,22 @@ def read_point(path: str) -> dict:
     methods = {}
     for run_name, splits in pooled.items():
         methods[run_name] = {split: summarize_with_loops(records) for split, records in splits.items()}
-    nll_path = os.path.join(os.path.dirname(path), f"nll_{arm}_{size}.json")
-    nll = None
-    if os.path.exists(nll_path):
-        with open(nll_path) as f:
-            scored = json.load(f)["results"][0]["humaneval_nll"]
-        nll = dict(problems=scored["problems"], nll_per_token=scored["nll_per_token"],
-                   per_problem={i["task_id"]: i["nll"] / max(i["tokens"], 1) for i in scored["items"]})
-    return dict(arm=arm, size=int(size), responses=result.get("responses"), methods=methods, humaneval_nll=nll)
+    return dict(arm=arm, size=int(size), responses=result.get("responses"), methods=methods,
+                humaneval_nll=read_nll(os.path.dirname(path), arm, size))
+
+
+def read_nll(folder: str, arm: str, size: str) -> dict | None:
+    """The point's HumanEval solution NLL, from the nll stage's file or else from a HumanEval run's (which scores
+    the solutions too); None when neither has it."""
+    for prefix in ("nll", "humaneval"):
+        path = os.path.join(folder, f"{prefix}_{arm}_{size}.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                scored = json.load(f)["results"][0].get("humaneval_nll")
+            if scored:
+                return dict(problems=scored["problems"], nll_per_token=scored["nll_per_token"],
+                            per_problem={i["task_id"]: i["nll"] / max(i["tokens"], 1) for i in scored["items"]})
+    return None
 
 
 def add_nll_change(points: list[dict]) -> None:

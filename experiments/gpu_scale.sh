@@ -107,7 +107,9 @@ for name, st in stages.items():
         lines.append(f"{name}: rc {st.get('rc')} after {st.get('seconds')} s (box {st.get('box')})")
 for path in sorted(glob.glob(os.path.join(out, "humaneval_*.json"))):
     h = json.load(open(path))["results"][0].get("humaneval") or {}
-    lines.append(f"{os.path.basename(path)}: pass@1 {h.get('pass_at_1')} ({h.get('passed')} of {h.get('problems')})")
+    nll = (json.load(open(path))["results"][0].get("humaneval_nll") or {}).get("nll_per_token")
+    lines.append(f"{os.path.basename(path)}: pass@1 {h.get('pass_at_1')} ({h.get('passed')} of {h.get('problems')}), "
+                 f"solution NLL {nll}")
 text = "\n".join(lines) + "\n"
 open(os.path.join(out, "summary.txt"), "w").write(text)
 print(text, end="")
@@ -133,7 +135,7 @@ scale_pipeline() {
     XLA_PYTHON_CLIENT_MEM_FRACTION=$MEM_EVAL scale_eval base "$MODEL" "$SCALE_OUT/eval_base_0" "$SCALE_EVAL_BASE_S" &
     base_pids+=($!)
     if [ "$HUMANEVAL" -gt 0 ]; then
-        XLA_PYTHON_CLIENT_MEM_FRACTION=$MEM_HE scale_humaneval base "$MODEL" "$SCALE_OUT/humaneval_base" &
+        XLA_PYTHON_CLIENT_MEM_FRACTION=$MEM_HE scale_humaneval base "$MODEL" "$SCALE_OUT/humaneval_base_0" &
         base_pids+=($!)
     fi
     for ((i = 0; i < SCALE_WORKERS; i++)); do
