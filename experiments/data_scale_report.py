@@ -71,6 +71,8 @@ def add_nll_change(points: list[dict]) -> None:
             continue
         shared = sorted(set(nll["per_problem"]) & set(base["per_problem"]))
         diffs = [nll["per_problem"][t] - base["per_problem"][t] for t in shared]
+        if not diffs:  # scored on other problems than the base: nothing to pair
+            continue
         nll["change_from_base"] = dict(problems=len(diffs), mean=float(np.mean(diffs)),
                                        ci95=bootstrap_mean_interval(diffs))
 

@@ -106,9 +106,8 @@ def detect() -> Machine:
     (reason, problem), (avx2_reason, avx2_problem) = map(library.this_process, (library.AVX512, library.AVX2))
     return Machine(backend=jax.default_backend(), devices=tuple(d.device_kind for d in jax.devices()),
                    cpu_model=cpu_model(), cpu_flags=library.cpu_flags(), cores=os.cpu_count() or 1,
-                   avx512_machine_reason=reason,
-                   avx512_library_problem=problem, avx2_machine_reason=avx2_reason,
-                   avx2_library_problem=avx2_problem)
+                   avx512_machine_reason=reason, avx512_library_problem=problem,
+                   avx2_machine_reason=avx2_reason, avx2_library_problem=avx2_problem)
 
 
 @dataclasses.dataclass(frozen=True)
