@@ -14,7 +14,9 @@ Stages, each a package command:
 3. ``jf-jax train`` per (arm, size): the recipe of ``--config`` on the first size / part-size parts, for ``--epochs``
    passes over the responses kept (steps = epochs * responses / batch size). Arms: ``ce`` (the AR term is
    cross-entropy on the model's own greedy tokens, ``loss.ar_teacher=data``) and ``kl`` (KL to the frozen base,
-   ``loss.ar_teacher=reference``).
+   ``loss.ar_teacher=reference``). ``--epochs E`` other than the preset's trains the same data E times over, as a
+   series of its own (``<arm>_e<E>``, e.g. ``ce_e4``): the curve's steps grow with its data, and this separates the
+   two (the same steps spent on more passes over fewer responses).
 4. ``jf-jax evaluate`` of the base model and of every trained run on the held-out prompts (jacobi and mr at the
    block size, loop-aware), and on as many training prompts (the train/held-out gap says data- or capacity-bound).
 5. ``jf-jax evaluate --humaneval-nll 164`` of the same models: the teacher-forced NLL of HumanEval's canonical
@@ -120,6 +122,9 @@ def main(argv=None) -> int:
                    help="collect only parts I, I+N, I+2N, ...: N processes (or devices, or machines) collecting one "
                         "curve side by side, each its own parts (a part is one trajectory directory); use with "
                         "--stages collect, and run the other stages once all parts are there")
+    p.add_argument("--epochs", type=float,
+                   help="passes over each point's responses (default: the preset's); another value makes its points "
+                        "a series of their own, <arm>_e<E> (runs, evaluations and the report's rows)")
     p.add_argument("--prompt-dir", help="an existing prompt pool (train.jsonl, heldout_code.jsonl, "
                                         "heldout_math.jsonl) instead of building one under --runs")
     args = p.parse_args(argv)
@@ -135,6 +140,13 @@ def main(argv=None) -> int:
         if args.collect_batch < 1:
             p.error(f"--collect-batch must be at least 1, got {args.collect_batch}")
         preset = dataclasses.replace(preset, collect_batch=args.collect_batch)
+    series = {arm: arm for arm in ARMS}  # arm -> the name of its points (run directories, result files)
+    if args.epochs is not None:
+        if not args.epochs > 0:
+            p.error(f"--epochs must be positive, got {args.epochs}")
+        if args.epochs != preset.epochs:
+            series = {arm: f"{arm}_e{args.epochs:g}".replace(".", "p") for arm in ARMS}
+        preset = dataclasses.replace(preset, epochs=args.epochs)
     try:
         worker, workers = (int(x) for x in args.worker.split("/"))
     except ValueError:
@@ -168,14 +180,15 @@ def main(argv=None) -> int:
         for arm in preset.arms:
             if arm != preset.arms[0] and size < preset.second_arm_from:
                 continue
-            run_dir = os.path.join(args.runs, f"{arm}-{size}")
-            trained.append((arm, size, run_dir, used))
-            evaluated = os.path.exists(os.path.join(results, f"eval_{arm}_{size}.json"))
+            name = series[arm]
+            run_dir = os.path.join(args.runs, f"{name}-{size}")
+            trained.append((name, size, run_dir, used))
+            evaluated = os.path.exists(os.path.join(results, f"eval_{name}_{size}.json"))
             if "train" in stages and not evaluated and not os.path.exists(os.path.join(run_dir, "params")):
                 batch = load_config(preset.config, ["data.path=[unused]", *preset.train_overrides]).data.batch_size
                 steps = max(1, round(preset.epochs * kept[str(size)] / batch))
                 jf("train", preset.config, "--run-dir", run_dir, f"data.path=[{','.join(used)}]",
-                       f"train.steps={steps}", ARMS[arm], f"run_name=data_scale_{arm}_{size}",
+                       f"train.steps={steps}", ARMS[arm], f"run_name=data_scale_{name}_{size}",
                        *preset.train_overrides, "--no-progress")
     counts = os.path.join(results, "responses.json")  # the report's x axis, kept across runs of other sizes
     if os.path.exists(counts):
