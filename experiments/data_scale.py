@@ -142,8 +142,8 @@ def main(argv=None) -> int:
         preset = dataclasses.replace(preset, collect_batch=args.collect_batch)
     series = {arm: arm for arm in ARMS}  # arm -> the name of its points (run directories, result files)
     if args.epochs is not None:
-        if not args.epochs > 0:
-            p.error(f"--epochs must be positive, got {args.epochs}")
+        if not (math.isfinite(args.epochs) and args.epochs > 0):
+            p.error(f"--epochs must be a positive number, got {args.epochs}")
         if args.epochs != preset.epochs:
             series = {arm: f"{arm}_e{args.epochs:g}".replace(".", "p") for arm in ARMS}
         preset = dataclasses.replace(preset, epochs=args.epochs)
