@@ -74,11 +74,8 @@ def test_the_tiny_study_runs_end_to_end_and_resumes(tmp_path):
     assert sorted(json.loads((results / "tiny" / "responses.json").read_text())) == ["4", "8"]
     # The same data trained twice as long (the tiny preset's epochs are 1): a series of its own, twice the steps.
     steps = int(done.stdout.split("run_name=data_scale_ce_4")[0].rsplit("train.steps=", 1)[1].split()[0])
-    longer = subprocess.run(cmd + ["--sizes", "4", "--arms", "ce", "--epochs", "2",
-                                   "--stages", "train,evaluate,report"],
+    longer = subprocess.run(cmd + ["--sizes", "4", "--arms", "ce", "--epochs", "2", "--stages", "train"],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert longer.returncode == 0, longer.stdout[-3000:] + longer.stderr[-3000:]
     assert longer.stdout.count("+ jf-jax train") == 1 and f"train.steps={2 * steps} " in longer.stdout
-    assert (tmp_path / "runs" / "ce_e2-4" / "params").exists()
-    curve = json.loads((results / "tiny" / "curve.json").read_text())
-    assert ("ce_e2", 4) in [(p["arm"], p["size"]) for p in curve["points"]]
+    assert "run_name=data_scale_ce_e2_4 " in longer.stdout and (tmp_path / "runs" / "ce_e2-4" / "params").exists()
