@@ -18,7 +18,8 @@ Stages, each a package command:
    series of its own (``<arm>_e<E>``, e.g. ``ce_e4``): the curve's steps grow with its data, and this separates the
    two (the same steps spent on more passes over fewer responses).
 4. ``jf-jax evaluate`` of the base model and of every trained run on the held-out prompts (jacobi and mr at the
-   block size, loop-aware), and on as many training prompts (the train/held-out gap says data- or capacity-bound).
+   block size, loop-aware), and on as many training prompts (a gap: the model fits the
+   prompts it trained on better than new ones; none: what it learned generalises).
 5. ``jf-jax evaluate --humaneval-nll 164`` of the same models: the teacher-forced NLL of HumanEval's canonical
    solutions, the quality signal (pass@1 of a 135M model moves by a handful of problems; the NLL resolves what the
    fine-tune does to the model in a few minutes). A point whose run directory is gone is reported without it.
