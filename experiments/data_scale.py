@@ -18,8 +18,8 @@ Stages, each a package command:
    series of its own (``<arm>_e<E>``, e.g. ``ce_e4``): the curve's steps grow with its data, and this separates the
    two (the same steps spent on more passes over fewer responses).
 4. ``jf-jax evaluate`` of the base model and of every trained run on the held-out prompts (jacobi and mr at the
-   block size, loop-aware), and on as many training prompts (a gap: the model fits the
-   prompts it trained on better than new ones; none: what it learned generalises).
+   block size, loop-aware), and on as many training prompts (a gap: the model fits the prompts it trained on
+   better than new ones; none: what it learned generalises).
 5. ``jf-jax evaluate --humaneval-nll 164`` of the same models: the teacher-forced NLL of HumanEval's canonical
    solutions, the quality signal (pass@1 of a 135M model moves by a handful of problems; the NLL resolves what the
    fine-tune does to the model in a few minutes). A point whose run directory is gone is reported without it.
@@ -141,12 +141,12 @@ def main(argv=None) -> int:
         if args.collect_batch < 1:
             p.error(f"--collect-batch must be at least 1, got {args.collect_batch}")
         preset = dataclasses.replace(preset, collect_batch=args.collect_batch)
-    series = {arm: arm for arm in ARMS}  # arm -> the name of its points (run directories, result files)
+    series = ""  # appended to an arm's name to name its points (run directories, result files)
     if args.epochs is not None:
         if not (math.isfinite(args.epochs) and args.epochs > 0):
             p.error(f"--epochs must be a positive number, got {args.epochs}")
         if args.epochs != preset.epochs:
-            series = {arm: f"{arm}_e{args.epochs:g}".replace(".", "p") for arm in ARMS}
+            series = f"_e{args.epochs:g}".replace(".", "p")
         preset = dataclasses.replace(preset, epochs=args.epochs)
     try:
         worker, workers = (int(x) for x in args.worker.split("/"))
@@ -181,7 +181,7 @@ def main(argv=None) -> int:
         for arm in preset.arms:
             if arm != preset.arms[0] and size < preset.second_arm_from:
                 continue
-            name = series[arm]
+            name = arm + series
             run_dir = os.path.join(args.runs, f"{name}-{size}")
             trained.append((name, size, run_dir, used))
             evaluated = os.path.exists(os.path.join(results, f"eval_{name}_{size}.json"))
