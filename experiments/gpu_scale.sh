@@ -28,15 +28,19 @@ scale_humaneval() {  # scale_humaneval NAME MODEL OUT: pass@1 of greedy AR answe
 scale_counts() {  # prints "RESPONSES STEPS DIRS" and writes responses.json (data_scale.py's counting and steps)
     # shellcheck disable=SC2086  # TRAIN_OVERRIDES is a list of key=value words
     # on the CPU: a process that initialised the GPU would take 75% of its memory beside the evaluations
-    JAX_PLATFORMS=cpu "$PY" - "$SCALE" "$SCALE_OUT" "$SCALE_CONFIG" "$EPOCHS" $TRAIN_OVERRIDES <<'EOF'
+    # the collectors' directories, or the parts of trajectories carried from an earlier session (SCALE_TRAJ)
+    local pattern=$SCALE/traj_w*
+    if [ -n "${SCALE_TRAJ:-}" ]; then pattern=$SCALE_TRAJ/part-*; fi
+    JAX_PLATFORMS=cpu "$PY" - "$SCALE" "$SCALE_OUT" "$SCALE_CONFIG" "$EPOCHS" "$pattern" $TRAIN_OVERRIDES <<'EOF'
 import glob, json, os, sys
 
 sys.path.insert(0, "experiments")
 from data_scale import load_config, responses_in
 
-scale, out, config, epochs, overrides = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), sys.argv[5:]
+scale, out, config, epochs, pattern = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), sys.argv[5]
+overrides = sys.argv[6:]
 dirs = []
-for d in sorted(glob.glob(os.path.join(scale, "traj_w*"))):
+for d in sorted(glob.glob(pattern)):
     manifest = os.path.join(d, "manifest.json")
     if os.path.exists(manifest) and json.load(open(manifest))["shards"]:
         dirs.append(d)
@@ -64,8 +68,13 @@ for line in open(os.path.join(out, "logs", "stages.txt")) if os.path.exists(os.p
     name, *fields = line.split()
     stages[name] = dict(f.split("=") for f in fields)  # the last run of each stage
 lines = [f"prompts collected: {counts.get('prompts')}; responses kept (repetition filter): {counts.get('responses')}"]
+carried = [d for d in counts.get("dirs", []) if os.path.basename(d).startswith("part-")]
+if carried:  # collected in an earlier session: its own summary tells how
+    lines.append(f"trajectories carried from an earlier collection: {len(carried)} parts ({os.path.dirname(carried[0])})")
 for d in counts.get("dirs", []):
     w = os.path.basename(d)
+    if d in carried:
+        continue
     m = json.load(open(os.path.join(d, "manifest.json")))
     shards = m["shards"]
     kept = sum(s["prompt_end"] - s["prompt_start"] - s["num_filtered"] for s in shards)
@@ -82,7 +91,7 @@ for d in counts.get("dirs", []):
                  f"{st.get('box')}), {kept / secs if secs == secs and secs else float('nan'):.2f} responses/s{steady}")
     with open(os.path.join(out, f"manifest_{w}.json"), "w") as f:
         json.dump(m, f, indent=1)
-if counts.get("dirs"):
+if counts.get("dirs") and not carried:
     secs = max(float(stages.get(f"scale_collect_{os.path.basename(d).split('_')[-1]}", {}).get("seconds", "nan"))
                for d in counts["dirs"])
     lines.append(f"collection: {secs:.0f} s wall (model loading and compilation included), "
@@ -127,16 +136,22 @@ scale_pipeline() {
     log "scale pipeline: deadline ${SCALE_DEADLINE_S}s; collect ${SCALE_COLLECT_S}s, train ${SCALE_TRAIN_S}, evaluate" \
         "${SCALE_EVAL_S}s (base ${SCALE_EVAL_BASE_S}s), HumanEval ${HE_S}s ($HUMANEVAL problems)"
 
-    # a. collection, and beside it the base model's evaluations (which may run on into training)
+    # a. collection (or the wait for trajectories that a later call carries), and beside it the base model's
+    # evaluations (which may run on into training)
     local total per i limit pids=() base_pids=()
     total=$(wc -l <"$SCALE/prompts/train.jsonl")
     if [ "$SCALE_LIMIT" -lt "$total" ]; then total=$SCALE_LIMIT; fi
     per=$(((total + SCALE_WORKERS - 1) / SCALE_WORKERS))
     XLA_PYTHON_CLIENT_MEM_FRACTION=$MEM_EVAL scale_eval base "$MODEL" "$SCALE_OUT/eval_base_0" "$SCALE_EVAL_BASE_S" &
     base_pids+=($!)
-    if [ "$HUMANEVAL" -gt 0 ]; then
+    if [ "$HUMANEVAL" -gt 0 ] && [ "$HE_BASE" = 1 ]; then
         XLA_PYTHON_CLIENT_MEM_FRACTION=$MEM_HE scale_humaneval base "$MODEL" "$SCALE_OUT/humaneval_base_0" &
         base_pids+=($!)
+    fi
+    if [ -n "${SCALE_TRAJ:-}" ]; then  # no collection: stash_traj marks the carried parts complete
+        log "waiting for the carried trajectories in $SCALE_TRAJ"
+        until [ -f "$SCALE_TRAJ/complete" ] || [ $SECONDS -gt $((SCALE_DEADLINE_S / 2)) ]; do sleep 2; done
+        SCALE_WORKERS=0
     fi
     for ((i = 0; i < SCALE_WORKERS; i++)); do
         limit=$((total - i * per < per ? total - i * per : per))
@@ -147,7 +162,7 @@ scale_pipeline() {
             --block-size 16 --dtype bfloat16 --repetition-filter --no-progress &
         pids+=($!)
     done
-    for i in "${pids[@]}"; do wait "$i" || true; done
+    for i in "${pids[@]}"; do wait "$i" || true; done  # (none when the trajectories were carried)
 
     local counts n steps dirs
     counts=$(scale_counts 2>>"$STAGE_LOGS/counts.log" | tail -n 1) || { log "error: counting the responses failed" \
@@ -184,18 +199,26 @@ scale_pipeline() {
         log "error: no responses collected: no training (see $STAGE_LOGS/scale_collect_w*.log)"
     fi
 
-    # c. the arms' evaluations side by side
+    # c. the arms' evaluations side by side, then their HumanEval side by side: at HE_BATCH 41 its float32 prefill
+    # program takes about 21 GiB, more than it gets beside the evaluations
+    local evaluated=()
     pids=()
     for arm in $SCALE_ARMS; do
         if [ ! -d "$SCALE/$arm/params" ]; then log "$arm: no exported weights, not evaluated"; continue; fi
+        evaluated+=("$arm")
         XLA_PYTHON_CLIENT_MEM_FRACTION=$MEM_EVAL_ARM scale_eval "$arm" "$SCALE/$arm" "$SCALE_OUT/eval_${arm}_$n" \
             "$SCALE_EVAL_S" &
         pids+=($!)
-        if [ "$HUMANEVAL" -gt 0 ]; then
-            XLA_PYTHON_CLIENT_MEM_FRACTION=$MEM_HE scale_humaneval "$arm" "$SCALE/$arm" "$SCALE_OUT/humaneval_${arm}_$n" &
-            pids+=($!)
-        fi
     done
+    for i in "${pids[@]}"; do wait "$i" || true; done
+    pids=()
+    if [ "$HUMANEVAL" -gt 0 ]; then
+        for arm in "${evaluated[@]}"; do
+            XLA_PYTHON_CLIENT_MEM_FRACTION=$MEM_HE_ARM scale_humaneval "$arm" "$SCALE/$arm" \
+                "$SCALE_OUT/humaneval_${arm}_$n" &
+            pids+=($!)
+        done
+    fi
     for i in "${pids[@]}" "${base_pids[@]}"; do wait "$i" || true; done
 
     # d. the summary and the curve of what is there

