@@ -142,8 +142,10 @@ scale_pipeline() {
     total=$(wc -l <"$SCALE/prompts/train.jsonl")
     if [ "$SCALE_LIMIT" -lt "$total" ]; then total=$SCALE_LIMIT; fi
     per=$(((total + SCALE_WORKERS - 1) / SCALE_WORKERS))
-    XLA_PYTHON_CLIENT_MEM_FRACTION=$MEM_EVAL scale_eval base "$MODEL" "$SCALE_OUT/eval_base_0" "$SCALE_EVAL_BASE_S" &
-    base_pids+=($!)
+    if [ "$EVAL_BASE" = 1 ]; then
+        XLA_PYTHON_CLIENT_MEM_FRACTION=$MEM_EVAL scale_eval base "$MODEL" "$SCALE_OUT/eval_base_0" "$SCALE_EVAL_BASE_S" &
+        base_pids+=($!)
+    fi
     if [ "$HUMANEVAL" -gt 0 ] && [ "$HE_BASE" = 1 ]; then
         XLA_PYTHON_CLIENT_MEM_FRACTION=$MEM_HE scale_humaneval base "$MODEL" "$SCALE_OUT/humaneval_base_0" &
         base_pids+=($!)

