@@ -79,3 +79,18 @@ def test_the_tiny_study_runs_end_to_end_and_resumes(tmp_path):
     assert longer.returncode == 0, longer.stdout[-3000:] + longer.stderr[-3000:]
     assert longer.stdout.count("+ jf-jax train") == 1 and f"train.steps={2 * steps} " in longer.stdout
     assert "run_name=data_scale_ce_e2_4 " in longer.stdout and (tmp_path / "runs" / "ce_e2-4" / "params").exists()
+
+
+def test_the_report_reads_an_epochs_series_as_an_arm_of_its_own(tmp_path):
+    """``--epochs`` names a point ``<arm>_e<E>`` (``eval_ce_e2_250.json``): the report's point is the arm
+    ``ce_e2`` at 250, with that arm's NLL file, not ``ce`` at ``e2_250``."""
+    sys.path.insert(0, os.path.join(ROOT, "experiments"))
+    from data_scale_report import read_point
+
+    cpu = os.path.join(ROOT, "results", "studies", "data_scale", "cpu")
+    shutil.copy(os.path.join(cpu, "eval_ce_250.json"), tmp_path / "eval_ce_e2_250.json")
+    shutil.copy(os.path.join(cpu, "nll_ce_250.json"), tmp_path / "nll_ce_e2_250.json")
+    point = read_point(str(tmp_path / "eval_ce_e2_250.json"))
+    assert (point["arm"], point["size"]) == ("ce_e2", 250)
+    assert point["humaneval_nll"] is not None and point["humaneval_nll"]["problems"] == 164
+    assert {"jacobi n=16", "mr n=16"} <= set(point["methods"])
