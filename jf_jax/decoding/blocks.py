@@ -28,17 +28,37 @@ def context_ids(prompt, prompt_len, out, idx):
     return jnp.where(idx < prompt_len, from_prompt, from_out).astype(jnp.int32)
 
 
+# A draft only has to be some guess from the context: whatever it holds, the fixed point is AR's output. So the
+# draws are a counter-based integer hash of (key, block start, slot) rather than jax.random's threefry, whose rolled
+# rounds add some 30 small kernels to every decode program (~0.5 s of XLA:CPU compile each, and launches per step).
+_GOLDEN = 0x9E3779B9
+
+
+def _mix32(x):
+    """A 32-bit integer finaliser (xorshift-multiply rounds): every output bit depends on every input bit."""
+    x = x ^ (x >> 16)
+    x = x * jnp.uint32(0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = x * jnp.uint32(0x846CA68B)
+    return x ^ (x >> 16)
+
+
 def draw_context(key, prompt, prompt_len, out, count, num: int):
-    """``num`` ids drawn uniformly (with replacement) from the context ``prompt[:prompt_len] ++ out[:count]``."""
-    return context_ids(prompt, prompt_len, out, jax.random.randint(key, (num,), 0, prompt_len + count))
+    """``num`` ids drawn uniformly (with replacement) from the context ``prompt[:prompt_len] ++ out[:count]``
+    (``key`` [2] uint32, from ``block_key``; the modulo's bias is below 2**-16 for contexts under 2**16 ids)."""
+    key = key.astype(jnp.uint32)
+    slots = jnp.arange(num, dtype=jnp.uint32) * jnp.uint32(_GOLDEN)
+    bits = _mix32(key[0] ^ _mix32(key[1] + slots))
+    return context_ids(prompt, prompt_len, out, (bits % (prompt_len + count).astype(jnp.uint32)).astype(jnp.int32))
 
 
 def block_key(key, block_start):
-    """The key a block's random draft is drawn with: the prompt's draft key folded with the block's first output
-    position. It depends on nothing else (not on earlier blocks, iterations or the batch), so any block's draft can
-    be redrawn on its own: the batched trajectory recorder iterates every block of a response independently and
-    gets the very drafts the one-prompt decoder drew."""
-    return jax.random.fold_in(key, block_start)
+    """The key a block's random draft is drawn with: the prompt's draft key (``common.prompt_key``) hashed with the
+    block's first output position. It depends on nothing else (not on earlier blocks, iterations or the batch), so
+    any block's draft can be redrawn on its own: the batched trajectory recorder iterates every block of a response
+    independently and gets the very drafts the one-prompt decoder drew."""
+    key, start = key.astype(jnp.uint32), jnp.asarray(block_start).astype(jnp.uint32)
+    return jnp.stack([_mix32(key[0] ^ _mix32(start)), _mix32(key[1] ^ _mix32(start ^ jnp.uint32(_GOLDEN)))])
 
 
 def leading_matches(draft, pred, valid_len):
