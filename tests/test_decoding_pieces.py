@@ -2,13 +2,15 @@
 (``decoding.blocks``), the rejection-recycling pool (``decoding.recycling``) and the statistics
 (``decoding.stats``), each against a plain-Python reference."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jf_jax.decoding.blocks import cap_accepted, step_stop
+from jf_jax.decoding.blocks import block_key, cap_accepted, draw_context, step_stop
+from jf_jax.decoding.common import prompt_key
 from jf_jax.decoding.common import StopReason
 from jf_jax.decoding.recycling import build_candidates, harvest, pick_winner, push
 from jf_jax.decoding.stats import prompt_stats, summarize, without_timings
@@ -28,6 +30,23 @@ def test_cap_accepted(draft, accepted, count, max_new, expected):
     got = cap_accepted(jnp.asarray(draft, jnp.int32), jnp.int32(accepted), jnp.int32(count), jnp.int32(max_new),
                        EOS_IDS)
     assert (int(got[0]), bool(got[1])) == expected
+
+
+def test_drafts_are_drawn_from_the_context_evenly_and_depend_only_on_key_and_block():
+    """The integer-hash draws: ids from ``prompt[:prompt_len] ++ out[:count]`` only, every slot reached about equally
+    often, the same draft for the same (key, block start), and other drafts for other blocks and prompts."""
+    prompt = jnp.arange(100, 110, dtype=jnp.int32)  # 10 slots, 7 of them the prompt
+    out = jnp.arange(200, 216, dtype=jnp.int32)
+    draw = jax.jit(lambda key, start: draw_context(block_key(key, start), prompt, 7, out, 3, 16))
+    key = prompt_key(0, 0)
+    drafts = np.stack([np.asarray(draw(key, start)) for start in range(400)])  # 6,400 draws
+    context = np.concatenate([np.arange(100, 107), np.arange(200, 203)])
+    counts = np.array([(drafts == c).sum() for c in context])
+    expected = drafts.size / len(context)
+    assert counts.sum() == drafts.size and 0.8 * expected < counts.min() <= counts.max() < 1.2 * expected
+    assert (np.asarray(draw(key, 5)) == drafts[5]).all()
+    assert len({tuple(d) for d in drafts}) == len(drafts)
+    assert not (np.asarray(draw(prompt_key(0, 1), 5)) == drafts[5]).all()
 
 
 def test_step_stop_names_each_reason():

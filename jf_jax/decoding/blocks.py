@@ -30,7 +30,7 @@ def context_ids(prompt, prompt_len, out, idx):
 
 # A draft only has to be some guess from the context: whatever it holds, the fixed point is AR's output. So the
 # draws are a counter-based integer hash of (key, block start, slot) rather than jax.random's threefry, whose rolled
-# rounds add some 30 small kernels to every decode program (~0.5 s of XLA:CPU compile each, and launches per step).
+# rounds add some 30 small kernels to every decode program (XLA:CPU compile time, and launches every step).
 _GOLDEN = 0x9E3779B9
 
 
@@ -49,7 +49,8 @@ def draw_context(key, prompt, prompt_len, out, count, num: int):
     key = key.astype(jnp.uint32)
     slots = jnp.arange(num, dtype=jnp.uint32) * jnp.uint32(_GOLDEN)
     bits = _mix32(key[0] ^ _mix32(key[1] + slots))
-    return context_ids(prompt, prompt_len, out, (bits % (prompt_len + count).astype(jnp.uint32)).astype(jnp.int32))
+    size = jnp.asarray(prompt_len + count).astype(jnp.uint32)
+    return context_ids(prompt, prompt_len, out, (bits % size).astype(jnp.int32))
 
 
 def block_key(key, block_start):
