@@ -10,8 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jf_jax.decoding.blocks import block_key, cap_accepted, draw_context, step_stop
-from jf_jax.decoding.common import prompt_key
-from jf_jax.decoding.common import StopReason
+from jf_jax.decoding.common import StopReason, prompt_key
 from jf_jax.decoding.recycling import build_candidates, harvest, pick_winner, push
 from jf_jax.decoding.stats import prompt_stats, summarize, without_timings
 
