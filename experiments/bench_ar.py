@@ -14,33 +14,17 @@ import argparse
 import json
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
-import numpy as np
+
+from jf_jax.tuning.measure import read_bandwidth_gbs
 
 PROMPTS = [
     "Write a Python function that checks whether a string is a palindrome.",
     "A train travels 120 km in 1.5 hours. What is its average speed in km/h?",
     "Explain in two sentences why the sky is blue.",
 ]
-
-
-def read_bandwidth_gbs(size_bytes: int = 1 << 30, threads: int = 2, repeats: int = 5) -> float:
-    """Best-of-``repeats`` read bandwidth: ``threads`` threads each sum their part of a float32 array."""
-    data = np.ones(size_bytes // 4, np.float32)
-    parts = np.array_split(data, threads)
-    best = 0.0
-    for _ in range(repeats):
-        workers = [threading.Thread(target=np.sum, args=(p,)) for p in parts]  # numpy releases the GIL
-        start = time.perf_counter()
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
-        best = max(best, data.nbytes / (time.perf_counter() - start) / 1e9)
-    return best
 
 
 def bench_jf(model, encoded, tokens: int) -> list[float]:

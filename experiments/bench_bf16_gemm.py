@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     import numpy as np
 
     from cpu_kernels import library
-    from bench_ar import read_bandwidth_gbs  # experiments/ is on sys.path when run as a script
+    from jf_jax.tuning.measure import read_bandwidth_gbs
     from jf_jax.model import machine
 
     here = machine.detect()

@@ -32,12 +32,10 @@ def main(argv=None) -> int:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
 
-    from bench_ar import read_bandwidth_gbs  # experiments/ is on sys.path when run as a script
-    from bench_engine import step_weight_bytes
     from cpu_kernels import library
     from jf_jax import api
     from jf_jax.decoding.ar import generate_ar
-    from jf_jax.tuning.measure import measure_latency
+    from jf_jax.tuning.measure import measure_latency, read_bandwidth_gbs, step_weight_bytes
     from jf_jax.model import machine
 
     here = machine.detect()

@@ -22,7 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-from bench_ar import bench_hf, read_bandwidth_gbs  # experiments/ is on sys.path when run as a script
+from bench_ar import bench_hf  # experiments/ is on sys.path when run as a script
+from jf_jax.tuning.measure import read_bandwidth_gbs, step_weight_bytes
 
 PROMPTS = [  # not in any training or tuning set of the repository
     "Write a Python function that merges two sorted lists into one sorted list.",
@@ -86,15 +87,6 @@ def batched_vs_ar(model, tokens: int, block_size: int) -> dict:
                                      **method_options(method, block_size)) for method in methods}
         out[batch] = run_summaries(done, alone[:batch])
     return out
-
-
-def step_weight_bytes(view) -> int:
-    """Bytes of weights a one-token step reads in the decode view: every layer, the final norm and the output
-    projection (the embedding table when it is tied and unsplit; a step looks up only its token's row)."""
-    import jax
-
-    head = view.lm_head if view.lm_head is not None else view.embed
-    return sum(x.nbytes for x in jax.tree.leaves((view.layers, view.final_norm, head)))
 
 
 def bench_dtype(dtype: str, args, bandwidth: float) -> dict:

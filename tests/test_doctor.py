@@ -202,3 +202,34 @@ def test_check_fails_the_command_when_tokens_or_bits_differ(monkeypatch, capsys)
         monkeypatch.setattr(doctor, "check", lambda machine, v=verdict: [v])
         assert doctor.main(["--check"]) == code
     assert "differ from one-token steps by up to 0.01" in capsys.readouterr().out
+
+
+def test_speed_recommends_the_largest_block_within_the_cost_limit_unless_tuned():
+    seconds = {1: 0.020, 2: 0.021, 4: 0.024, 8: 0.030, 16: 0.045, 32: 0.080}
+    common = dict(context=256, repeats=5, bandwidth_gbs=20.0, weight_bytes=400_000_000)
+    s = doctor.speed("m", "bfloat16", seconds, tuned_block_size=None, **common)
+    assert s["block_size"] == 8 and s["cost_over_one_token"][16] == pytest.approx(2.25)
+    assert s["ar_bound_tokens_per_second"] == pytest.approx(50.0) and s["fraction_of_bound"] == pytest.approx(1.0)
+    text = "\n".join(doctor.format_speed(s))
+    assert "AR is bound at 50 tok/s; measured 50.0 steps/s (100% of the bound)" in text
+    assert "t=16 45.0 ms (2.25x)" in text and "block size  8: the largest measured block" in text
+    assert doctor.speed("m", "bfloat16", seconds, tuned_block_size=32, **common)["block_size"] == 32
+    costly = doctor.speed("m", "bfloat16", {1: 0.02, 2: 0.04}, tuned_block_size=None, **common)
+    assert costly["block_size"] is None and "costs over 1.5x a one-token step" in costly["block_size_reason"]
+    no_bandwidth = doctor.speed("m", "float32", seconds, tuned_block_size=None, **dict(common, bandwidth_gbs=None))
+    assert no_bandwidth["fraction_of_bound"] is None and "bandwidth" not in "\n".join(doctor.format_speed(no_bandwidth))
+
+
+def test_doctor_measures_a_model_on_this_machine(tiny_gguf, capsys):
+    assert doctor.main(["--measure", "--model", str(tiny_gguf), "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)["speed"]
+    assert s["model"] == str(tiny_gguf) and s["dtype"] == machine.choose_dtype("auto", machine.detect()).dtype
+    assert [int(t) for t in s["latency_ms"]] == list(doctor.MEASURE_SIZES) and min(s["latency_ms"].values()) > 0
+    assert s["read_bandwidth_gbs"] > 0 and 0 < s["fraction_of_bound"]
+
+
+def test_doctor_refuses_a_model_without_measure_and_names_a_missing_one(capsys, tmp_path):
+    assert doctor.main(["--model", "x.gguf"]) == 2
+    assert "add --measure" in capsys.readouterr().err
+    assert doctor.main(["--measure", "--model", str(tmp_path / "absent.gguf")]) == 2
+    assert "absent.gguf" in capsys.readouterr().err

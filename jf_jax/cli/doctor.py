@@ -6,7 +6,9 @@ dtype's decode takes; the dtype ``--dtype auto`` picks and why; the XLA options 
 jacobi / mr == AR has been shown for this backend. ``--check`` also decodes a small random model greedily with
 AR and jacobi in float32 and bfloat16 on this backend, and exits 1 unless their tokens are equal and a block's
 logits have the bits of one-token steps (the property the guarantee rests on, which a random model's tokens
-alone rarely expose).
+alone rarely expose). ``--measure`` times the machine for the embedded model (or ``--model``) in the ``auto``
+dtype: the read bandwidth and the AR bound it sets, the cost of a cached forward of 1-32 tokens, and from it a
+block size.
 """
 
 from __future__ import annotations
@@ -25,6 +27,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also decode a small random model with AR and jacobi in float32 and bfloat16 here, and "
                         "fail (exit 1) unless their tokens are equal and a block's logits have the bits of one-token "
                         "steps (compiling takes about half a minute on two cores)")
+    p.add_argument("--measure", action="store_true",
+                   help="also measure this machine for a model in the auto dtype: read bandwidth, the bound it sets "
+                        "on AR, the latency of a cached forward of 1-32 tokens, and a block size (a minute or two "
+                        "on two cores)")
+    p.add_argument("--model", default=None, help="the model --measure loads (default: the embedded SmolLM2-135M)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     return p
 
@@ -97,6 +104,8 @@ def format_report(r: dict) -> str:
                     "equal tokens hold only away from near-ties")
             lines.append(f"  {c['dtype']:<9}   {tokens} ({c['tokens']} tokens, n = {c['block_size']}); {bits} "
                          f"[{c['seconds']:.0f} s]")
+    if "speed" in r:
+        lines += format_speed(r["speed"])
     return "\n".join(lines)
 
 
@@ -186,6 +195,79 @@ def block_bits(view, cfg, samples: list[list[list[int]]]) -> float:
     return worst
 
 
+MEASURE_SIZES = (1, 2, 4, 8, 16, 32)
+BLOCK_COST_LIMIT = 1.5
+"""The recommended block (without a tuned choice) is the largest whose forward costs at most this many one-token
+steps: jacobi at block size n beats AR only where it accepts more tokens per forward than that cost ratio."""
+
+
+def measure(machine, spec: str | None = None, *, context: int = 256, repeats: int = 5) -> dict:
+    """Times ``spec`` (default: the embedded model) on this machine in the dtype ``auto`` picks (``speed``)."""
+    from jf_jax import api
+    from jf_jax.model import machine as machines
+    from jf_jax.tuning import measure as measuring
+
+    dtype = machines.choose_dtype("auto", machine).dtype
+    model = api.load_model(spec or api.DEFAULT_MODEL, dtype=dtype)
+    # Host read bandwidth bounds a CPU's decode step; an accelerator's step reads its own memory instead.
+    bandwidth = measuring.read_bandwidth_gbs(threads=machine.cores) if machine.backend == "cpu" else None
+    curve = measuring.measure_latency(model.params, model.cfg, MEASURE_SIZES, context=context, repeats=repeats)
+    return speed(spec or api.DEFAULT_MODEL, dtype, dict(zip(curve.tokens, curve.seconds)), context=context,
+                 repeats=repeats, bandwidth_gbs=bandwidth, weight_bytes=measuring.step_weight_bytes(model.params),
+                 tuned_block_size=tuned_block_size())
+
+
+def tuned_block_size() -> int | None:
+    """This device's block size in the tuner's ``tuned.json`` (``python -m jf_jax.decode --tune``), if it ran."""
+    from jf_jax.tuning import tuner
+
+    try:
+        return int(tuner.tuned_config()["block_size"])
+    except (ValueError, KeyError, OSError):
+        return None
+
+
+def speed(model: str, dtype: str, seconds: dict[int, float], *, context: int, repeats: int,
+          bandwidth_gbs: float | None, weight_bytes: int, tuned_block_size: int | None) -> dict:
+    """The measured section of the report from median ``seconds`` per forward of t tokens (t = 1 among them)."""
+    one = seconds[1]
+    cost = {t: s / one for t, s in seconds.items()}
+    bound = bandwidth_gbs * 1e9 / weight_bytes if bandwidth_gbs else None
+    cheap = [t for t in seconds if t > 1 and cost[t] <= BLOCK_COST_LIMIT]
+    if tuned_block_size is not None:
+        block, why = tuned_block_size, "the tuner's choice for this device (tuned.json, python -m jf_jax.decode --tune)"
+    elif cheap:
+        block, why = max(cheap), (f"the largest measured block whose forward costs at most {BLOCK_COST_LIMIT}x a "
+                                  "one-token step; jacobi gains where it accepts more tokens per forward than that "
+                                  "cost (python -m jf_jax.decode --tune measures both for a model and prompts)")
+    else:
+        block, why = None, (f"every block of 2 or more tokens costs over {BLOCK_COST_LIMIT}x a one-token step here, "
+                            "so parallel decoding gains only with a model that accepts more tokens per forward than "
+                            "the costs above; python -m jf_jax.decode --tune measures that for a model and prompts")
+    return {"model": model, "dtype": dtype, "context": context, "repeats": repeats,
+            "latency_ms": {t: 1e3 * s for t, s in seconds.items()}, "cost_over_one_token": cost,
+            "read_bandwidth_gbs": bandwidth_gbs, "step_weight_bytes": weight_bytes,
+            "ar_bound_tokens_per_second": bound,
+            "one_token_steps_per_second": 1 / one,
+            "fraction_of_bound": (1 / one) / bound if bound else None,
+            "block_size": block, "block_size_reason": why}
+
+
+def format_speed(s: dict) -> list[str]:
+    lines = [f"speed ({s['model']}, {s['dtype']}, cached forwards over {s['context']} tokens, medians of "
+             f"{s['repeats']})"]
+    if s["read_bandwidth_gbs"]:
+        lines.append(f"  bandwidth   {s['read_bandwidth_gbs']:.1f} GB/s read; a one-token step reads "
+                     f"{s['step_weight_bytes'] / 1e6:.0f} MB of weights, so AR is bound at "
+                     f"{s['ar_bound_tokens_per_second']:.0f} tok/s; measured {s['one_token_steps_per_second']:.1f} "
+                     f"steps/s ({s['fraction_of_bound']:.0%} of the bound)")
+    lines.append("  forward     " + ", ".join(f"t={t} {ms:.1f} ms ({s['cost_over_one_token'][t]:.2f}x)"
+                                              for t, ms in s["latency_ms"].items()))
+    block = s["block_size"] if s["block_size"] is not None else "none"
+    lines.append(f"  block size  {block}: {s['block_size_reason']}")
+    return lines
+
+
 def first_difference(a: list[int], b: list[int]) -> int:
     """The first position where two different token lists differ (the shorter one's length if it is a prefix)."""
     return next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
@@ -197,6 +279,14 @@ def main(argv=None) -> int:
 
     here = machines.detect()
     r = report(here)
+    try:
+        if args.model and not args.measure:
+            raise ValueError("--model names the model --measure times; add --measure")
+        if args.measure:  # first: a model that does not load fails before the check's compiling
+            r["speed"] = measure(here, args.model)
+    except (ValueError, FileNotFoundError, OSError) as e:  # our errors are ValueErrors naming the problem
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.check:
         r["check"] = check(here)
     print(json.dumps(r, indent=1) if args.json else format_report(r))

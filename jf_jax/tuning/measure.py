@@ -1,5 +1,6 @@
 """The tuner's measurements on this machine: the forward-latency curve against parallel tokens
-(``measure_latency``) and the tokens-per-forward grid of the mr decoder over block and verification sizes
+(``measure_latency``), the read bandwidth that bounds a one-token step (``read_bandwidth_gbs``,
+``step_weight_bytes``) and the tokens-per-forward grid of the mr decoder over block and verification sizes
 (``TPFCell``, ``measure_tpf``; ``cells_from_report`` reads a grid back from an earlier ``tuned.json``).
 
 TPF depends on the model and the data, not on the hardware; latency depends on the hardware. Both take token-id
@@ -60,6 +61,36 @@ def measure_latency(params, cfg, sizes: Sequence[int] = LATENCY_SIZES, *, contex
         if progress is not None:
             progress.update()
     return roofline.MeasuredCurve(tuple(int(t) for t in sizes), tuple(medians))
+
+
+def read_bandwidth_gbs(size_bytes: int = 1 << 30, threads: int = 2, repeats: int = 5) -> float:
+    """Best-of-``repeats`` read bandwidth in GB/s: ``threads`` threads each sum their part of a float32 array."""
+    import threading
+
+    import numpy as np
+
+    data = np.ones(size_bytes // 4, np.float32)
+    parts = np.array_split(data, threads)
+    best = 0.0
+    for _ in range(repeats):
+        workers = [threading.Thread(target=np.sum, args=(p,)) for p in parts]  # numpy releases the GIL
+        start = time.perf_counter()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        best = max(best, data.nbytes / (time.perf_counter() - start) / 1e9)
+    return best
+
+
+def step_weight_bytes(view) -> int:
+    """Bytes of weights a one-token step reads in the decode view: every layer, the final norm and the output
+    projection (the embedding table when it is tied and unsplit; a step looks up only its token's row). Over the
+    read bandwidth, this bounds AR's tokens per second."""
+    import jax
+
+    head = view.lm_head if view.lm_head is not None else view.embed
+    return sum(x.nbytes for x in jax.tree.leaves((view.layers, view.final_norm, head)))
 
 
 @dataclasses.dataclass(frozen=True)
