@@ -1,8 +1,10 @@
-"""Decode-step attention over a KV cache as an XLA FFI custom call (``decode_attention.cc``).
+"""Decode-step attention over a KV cache as XLA FFI custom calls: ``decode_attention.cc`` (the AVX-512 set) and
+``decode_attention_avx2.cc`` (the AVX2 set), the first whose set runs here.
 
-Its plain-JAX twin, with the same semantics, is ``jf_jax.model.cached_attention`` (which calls this kernel when
-``library.available()``); the two agree to float32 rounding, and each is batch-invariant on its own, so a process
-uses one of them for every decoder and AR == Jacobi holds bitwise in either.
+Their plain-JAX twin, with the same semantics, is ``jf_jax.model.cached_attention`` (which calls a kernel when one
+runs here); each agrees with it to float32 rounding and is batch-invariant on its own (they differ from each other
+in their block of keys, 16 and 8), so a process uses one of them for every decoder and AR == Jacobi holds bitwise
+in each.
 """
 
 from __future__ import annotations
@@ -11,28 +13,43 @@ import jax
 import jax.numpy as jnp
 
 from cpu_kernels import library
-from cpu_kernels.library import unavailable_reason
 
-TARGETS = {jnp.dtype(jnp.bfloat16): "jf_decode_attention_bf16", jnp.dtype(jnp.float32): "jf_decode_attention_f32"}
+TARGETS = {
+    library.AVX512.name: {jnp.dtype(jnp.bfloat16): "jf_decode_attention_bf16",
+                          jnp.dtype(jnp.float32): "jf_decode_attention_f32"},
+    library.AVX2.name: {jnp.dtype(jnp.bfloat16): "jf_decode_attention_avx2_bf16",
+                        jnp.dtype(jnp.float32): "jf_decode_attention_avx2_f32"},
+}
+SETS = (library.AVX512, library.AVX2)
+"""In order of preference."""
+
+
+def kernel_set() -> library.KernelSet | None:
+    """The set whose attention kernel runs in this process (None: the plain-JAX twin runs)."""
+    return next((s for s in SETS if library.available(s)), None)
 
 
 def supports(head_dim: int, dtype) -> bool:
-    """Shapes and dtypes the kernel handles (the JAX twin handles the rest)."""
-    return head_dim % 32 == 0 and jnp.dtype(dtype) in TARGETS
+    """Shapes and dtypes the kernels handle (the JAX twin handles the rest)."""
+    return head_dim % 32 == 0 and jnp.dtype(dtype) in TARGETS[library.AVX512.name]
 
 
-def decode_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths):
+def decode_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths, *,
+                     kernel: library.KernelSet | None = None):
     """q [B, T, H, Dh]; k_new, v_new [B, T, K, Dh]; new_valid [B, T]; cache_k, cache_v [Bc, S, K, Dh] (Bc divides
     B: query row b reads cache row b // (B // Bc)); lengths [Bc]. Returns float32 [B, T, H, Dh] (zeros for
-    invalid queries)."""
-    reason = unavailable_reason(library.AVX512)
-    if reason is not None:
-        raise RuntimeError(f"the decode-attention kernel cannot run here: {reason}")
+    invalid queries). ``kernel``: the set whose kernel runs (default: ``kernel_set()``)."""
+    kernel = kernel or kernel_set()
+    if kernel is None or kernel.name not in TARGETS or not library.available(kernel):
+        reasons = "; ".join(f"{s.name}: {library.unavailable_reason(s)}" for s in ([kernel] if kernel else SETS))
+        raise RuntimeError(f"no decode-attention kernel can run here ({reasons})")
     dtype = jnp.dtype(q.dtype)
     if not supports(q.shape[-1], dtype):
-        raise ValueError(f"decode_attention needs a head_dim multiple of 32 and one of {sorted(map(str, TARGETS))}, "
+        raise ValueError(f"decode_attention needs a head_dim multiple of 32 and one of "
+                         f"{sorted(map(str, TARGETS[kernel.name]))}, "
                          f"got head_dim {q.shape[-1]} and {dtype}")
     args = [x.astype(dtype) for x in (q, k_new, v_new)]
     cache = [x.astype(dtype) for x in (cache_k, cache_v)]
-    return jax.ffi.ffi_call(TARGETS[dtype], jax.ShapeDtypeStruct(q.shape, jnp.float32), vmap_method="sequential")(
+    out = jax.ShapeDtypeStruct(q.shape, jnp.float32)
+    return jax.ffi.ffi_call(TARGETS[kernel.name][dtype], out, vmap_method="sequential")(
         *args, jnp.asarray(new_valid, jnp.int32), *cache, jnp.asarray(lengths, jnp.int32))

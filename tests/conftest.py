@@ -67,8 +67,8 @@ def cpu_kernels_run_here():
 
 @pytest.fixture
 def avx2_gemm_runs_here():
-    """The same for the AVX2 bf16 GEMM (``cpu_kernels.library.AVX2``): skips without AVX2 / FMA, fails when it
-    could run but its library is missing or broken."""
+    """The same for the AVX2 set (``cpu_kernels.library.AVX2``: bf16 GEMM and decode attention): skips without
+    AVX2 / FMA, fails when it could run but its library is missing or broken."""
     from tests.support import kernel_gate
 
     kernel_gate.apply(kernel_gate.this_machine("avx2"))

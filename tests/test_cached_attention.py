@@ -102,7 +102,8 @@ def test_decode_programs_keep_reductions_out_of_ynnpack_whatever_the_environment
     *((dtype, layout, kernels) for dtype, layout in (("float32", "shards"), ("bfloat16", "shards"),
                                                      ("bfloat16", "packed"), ("bfloat16", "int8"))
       for kernels in ("plain-jax", "avx512")),
-    ("bfloat16", "packed", "avx2"),  # the engine of an AVX2-only CPU: its GEMM kernel, the attention's JAX twin
+    # the engine of an AVX2-only CPU: its GEMM and attention kernels (float32: XLA's dots and its attention kernel)
+    ("bfloat16", "packed", "avx2"), ("float32", "shards", "avx2"),
 ])
 def test_a_token_gets_the_same_bits_however_its_forward_is_shaped(dtype, layout, kernels, monkeypatch):
     if kernels != "plain-jax":  # skips on a CPU without the set, fails if it is not built

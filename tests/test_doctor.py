@@ -233,3 +233,10 @@ def test_doctor_refuses_a_model_without_measure_and_names_a_missing_one(capsys, 
     assert "add --measure" in capsys.readouterr().err
     assert doctor.main(["--measure", "--model", str(tmp_path / "absent.gguf")]) == 2
     assert "absent.gguf" in capsys.readouterr().err
+
+
+def test_attention_takes_the_kernel_of_the_best_set_that_runs():
+    assert machine.engine_path(cpu(AVX512_BF16), "float32").attention == "jf-jax decode-attention kernel"
+    assert machine.engine_path(cpu(AVX2), "float32").attention == "jf-jax AVX2 decode-attention kernel"
+    assert machine.engine_path(cpu(AVX2, "libjf_cpu_kernels_avx2.so is not built"), "bfloat16").attention \
+        .startswith("plain JAX in XLA (the kernels' twin")

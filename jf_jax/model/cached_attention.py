@@ -121,14 +121,14 @@ def cached_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths, *, c
     q's dtype; a query that sees no key (none exists for valid queries) gets zeros.
 
     On CPUs where ``cpu_kernels`` run (and ``use_kernel``), the same semantics come from
-    ``cpu_kernels.decode_attention``, also batch-invariant by construction (blocks of 16 keys, online softmax):
+    ``cpu_kernels.decode_attention``, also batch-invariant by construction (blocks of 16 or 8 keys, online softmax):
     the code below is then its plain-JAX twin, which every other backend runs.
     """
     B, T, H, Dh = q.shape
     Bc, S, K, _ = cache_k.shape
     if Bc < 1 or B % Bc:
         raise ValueError(f"cache has {Bc} rows for {B} query rows (expected a divisor of {B})")
-    if use_kernel and cpu_kernels.library.available() and cpu_kernels.attention_supports(Dh, q.dtype):
+    if use_kernel and cpu_kernels.attention_kernel_set() is not None and cpu_kernels.attention_supports(Dh, q.dtype):
         return cpu_kernels.decode_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths).astype(q.dtype)
     shared = Bc == 1 and B > 1
     G = H // K
