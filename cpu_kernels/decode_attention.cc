@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common.h"
+#include "decode_attention_call.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -149,12 +150,7 @@ inline void ValueRows(const float* probs, const __mmask16* masks, const int64_t*
 }
 
 template <typename E>
-struct Args {
-  const E *q, *k_new, *v_new, *cache_k, *cache_v;
-  const int32_t *valid, *lengths;
-  float* out;
-  int64_t B, T, H, K, Dh, Bc, S;
-};
+using Args = jf_cpu::AttentionArgs<E>;
 
 // Queries of tokens [t0, t1) of row b on kv head kh (all G query heads of that kv head).
 template <typename E>
@@ -239,43 +235,11 @@ void AttendItem(const Args<E>& a, int64_t b, int64_t kh, int64_t t0, int64_t t1)
 }
 
 template <ffi::DataType DT, typename E>
-ffi::Error Attend(ffi::ThreadPool pool, ffi::Buffer<DT> q, ffi::Buffer<DT> k_new, ffi::Buffer<DT> v_new,
-                  ffi::Buffer<ffi::S32> valid, ffi::Buffer<DT> cache_k, ffi::Buffer<DT> cache_v,
-                  ffi::Buffer<ffi::S32> lengths, ffi::ResultBuffer<ffi::F32> out) {
-  auto qd = q.dimensions(), cd = cache_k.dimensions();
-  if (qd.size() != 4 || cd.size() != 4 || k_new.dimensions().size() != 4) {
-    return ffi::Error::InvalidArgument("decode_attention: q, k_new and the cache must be rank 4");
-  }
-  Args<E> a{reinterpret_cast<const E*>(q.typed_data()), reinterpret_cast<const E*>(k_new.typed_data()),
-            reinterpret_cast<const E*>(v_new.typed_data()), reinterpret_cast<const E*>(cache_k.typed_data()),
-            reinterpret_cast<const E*>(cache_v.typed_data()), valid.typed_data(), lengths.typed_data(),
-            out->typed_data(), qd[0], qd[1], qd[2], cd[2], qd[3], cd[0], cd[1]};
-  if (a.Dh % 32 || a.H % a.K || a.Bc < 1 || a.B % a.Bc) {
-    return ffi::Error::InvalidArgument("decode_attention: head_dim must be a multiple of 32, heads a multiple of "
-                                       "kv heads, and the query rows a multiple of the cache rows");
-  }
-  const int64_t chunks = (a.T + kRowsPerItem - 1) / kRowsPerItem;
-  jf_cpu::RunParts(pool, a.B * a.K * chunks, [a, chunks](int64_t i) {
-    const int64_t c = i % chunks, bk = i / chunks;
-    const int64_t t0 = c * kRowsPerItem, t1 = t0 + kRowsPerItem < a.T ? t0 + kRowsPerItem : a.T;
-    AttendItem(a, bk / a.K, bk % a.K, t0, t1);
-  });
-  return ffi::Error::Success();
+ffi::Error Attend(JF_ATTENTION_SIGNATURE(DT)) {
+  return jf_cpu::RunAttention<DT, E>("decode_attention", kRowsPerItem, JF_ATTENTION_ARGUMENTS, AttendItem<E>);
 }
 
 }  // namespace
-
-#define JF_ATTENTION_BINDING(DT)      \
-  ffi::Ffi::Bind()                    \
-      .Ctx<ffi::ThreadPool>()         \
-      .Arg<ffi::Buffer<DT>>()         \
-      .Arg<ffi::Buffer<DT>>()         \
-      .Arg<ffi::Buffer<DT>>()         \
-      .Arg<ffi::Buffer<ffi::S32>>()   \
-      .Arg<ffi::Buffer<DT>>()         \
-      .Arg<ffi::Buffer<DT>>()         \
-      .Arg<ffi::Buffer<ffi::S32>>()   \
-      .Ret<ffi::Buffer<ffi::F32>>()
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JfDecodeAttentionBf16, (Attend<ffi::BF16, uint16_t>), JF_ATTENTION_BINDING(ffi::BF16));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JfDecodeAttentionF32, (Attend<ffi::F32, float>), JF_ATTENTION_BINDING(ffi::F32));

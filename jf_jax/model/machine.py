@@ -186,7 +186,7 @@ def fastest_first(machine: Machine) -> tuple[tuple[str, str], ...]:
                              "(results/studies/decode_engine_speed/bench_engine.md)"),
                 ("float32", "the reference"))
     if machine.backend == "cpu" and machine.avx2_gemm_runs:
-        return (("bfloat16", "bf16 AR through the AVX2 GEMM kernel ran at 2.6x float32 AR and 2.6x int8 AR on a "
+        return (("bfloat16", "bf16 AR through the AVX2 kernels ran at 2.5x float32 AR and 3.1x int8 AR on a "
                              "2-core AVX2-only AMD EPYC (results/studies/decode_engine_speed/README.md)"),
                 ("float32", "the reference"))
     if machine.backend == "cpu":

@@ -1,0 +1,71 @@
+// The FFI side the decode-attention kernels share (decode_attention.cc for AVX-512, decode_attention_avx2.cc for
+// AVX2): their arguments, the checks on them, the split of a call into work items over XLA's intra-op pool (one
+// per query row, kv head and run of tokens; an item's arithmetic never depends on which thread runs it or on the
+// other items), and their binding.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jf_cpu {
+
+template <typename E>
+struct AttentionArgs {
+  const E *q, *k_new, *v_new, *cache_k, *cache_v;
+  const int32_t *valid, *lengths;
+  float* out;
+  int64_t B, T, H, K, Dh, Bc, S;
+};
+
+// Checks the buffers and runs ``item(args, b, kh, t0, t1)`` for the tokens [t0, t1) of query row b on kv head kh,
+// in runs of ``tokens_per_item`` tokens.
+template <xla::ffi::DataType DT, typename E, typename Item>
+xla::ffi::Error RunAttention(const char* name, int64_t tokens_per_item, xla::ffi::ThreadPool pool,
+                             xla::ffi::Buffer<DT> q, xla::ffi::Buffer<DT> k_new, xla::ffi::Buffer<DT> v_new,
+                             xla::ffi::Buffer<xla::ffi::S32> valid, xla::ffi::Buffer<DT> cache_k,
+                             xla::ffi::Buffer<DT> cache_v, xla::ffi::Buffer<xla::ffi::S32> lengths,
+                             xla::ffi::ResultBuffer<xla::ffi::F32> out, Item item) {
+  auto qd = q.dimensions(), cd = cache_k.dimensions();
+  if (qd.size() != 4 || cd.size() != 4 || k_new.dimensions().size() != 4) {
+    return xla::ffi::Error::InvalidArgument(std::string(name) + ": q, k_new and the cache must be rank 4");
+  }
+  AttentionArgs<E> a{reinterpret_cast<const E*>(q.typed_data()), reinterpret_cast<const E*>(k_new.typed_data()),
+                     reinterpret_cast<const E*>(v_new.typed_data()), reinterpret_cast<const E*>(cache_k.typed_data()),
+                     reinterpret_cast<const E*>(cache_v.typed_data()), valid.typed_data(), lengths.typed_data(),
+                     out->typed_data(), qd[0], qd[1], qd[2], cd[2], qd[3], cd[0], cd[1]};
+  if (a.Dh % 32 || a.H % a.K || a.Bc < 1 || a.B % a.Bc) {
+    return xla::ffi::Error::InvalidArgument(std::string(name) + ": head_dim must be a multiple of 32, heads a "
+                                            "multiple of kv heads, and the query rows a multiple of the cache rows");
+  }
+  const int64_t chunks = (a.T + tokens_per_item - 1) / tokens_per_item;
+  RunParts(pool, a.B * a.K * chunks, [a, chunks, tokens_per_item, item](int64_t i) {
+    const int64_t c = i % chunks, bk = i / chunks;
+    const int64_t t0 = c * tokens_per_item, t1 = t0 + tokens_per_item < a.T ? t0 + tokens_per_item : a.T;
+    item(a, bk / a.K, bk % a.K, t0, t1);
+  });
+  return xla::ffi::Error::Success();
+}
+
+}  // namespace jf_cpu
+
+// The handler signature of a decode-attention kernel taking its buffers in dtype DT.
+#define JF_ATTENTION_SIGNATURE(DT)                                                                              \
+  xla::ffi::ThreadPool pool, xla::ffi::Buffer<DT> q, xla::ffi::Buffer<DT> k_new, xla::ffi::Buffer<DT> v_new,   \
+      xla::ffi::Buffer<xla::ffi::S32> valid, xla::ffi::Buffer<DT> cache_k, xla::ffi::Buffer<DT> cache_v,       \
+      xla::ffi::Buffer<xla::ffi::S32> lengths, xla::ffi::ResultBuffer<xla::ffi::F32> out
+#define JF_ATTENTION_ARGUMENTS pool, q, k_new, v_new, valid, cache_k, cache_v, lengths, out
+
+#define JF_ATTENTION_BINDING(DT)                 \
+  xla::ffi::Ffi::Bind()                          \
+      .Ctx<xla::ffi::ThreadPool>()               \
+      .Arg<xla::ffi::Buffer<DT>>()               \
+      .Arg<xla::ffi::Buffer<DT>>()               \
+      .Arg<xla::ffi::Buffer<DT>>()               \
+      .Arg<xla::ffi::Buffer<xla::ffi::S32>>()    \
+      .Arg<xla::ffi::Buffer<DT>>()               \
+      .Arg<xla::ffi::Buffer<DT>>()               \
+      .Arg<xla::ffi::Buffer<xla::ffi::S32>>()    \
+      .Ret<xla::ffi::Buffer<xla::ffi::F32>>()
