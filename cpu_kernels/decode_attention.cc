@@ -31,7 +31,6 @@ namespace {
 constexpr int kBlock = 16;     // keys per block (one AVX512 register of scores)
 constexpr int kRowsPerItem = 8;   // query tokens per work item (each item converts its keys once)
 
-using jf_cpu::ToF32;
 
 inline __m512 Load16(const uint16_t* p) {
   const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -163,26 +162,15 @@ void AttendItem(const Args<E>& a, int64_t b, int64_t kh, int64_t t0, int64_t t1)
       l(rows, 0.0f), kt(Dh * kBlock), vt(kBlock * Dh), scores(rows * kBlock), alphas(rows);
   std::vector<int64_t> act_row(rows);
   std::vector<__mmask16> act_mask(rows);
-  for (int64_t t = t0; t < t1; ++t)
-    for (int64_t g = 0; g < G; ++g)
-      for (int64_t d = 0; d < Dh; ++d)
-        q[((t - t0) * G + g) * Dh + d] = ToF32(a.q[((b * a.T + t) * a.H + kh * G + g) * Dh + d]);
-  int64_t last = -1;  // the last position any valid query of the item sees
-  for (int64_t t = t0; t < t1; ++t)
-    if (a.valid[b * a.T + t]) last = len + t;
+  a.LoadQueries(b, kh, t0, t1, q.data());
+  const int64_t last = a.LastVisible(b, t0, t1, len);
   for (int64_t j0 = 0; j0 <= last; j0 += kBlock) {
     uint32_t key_ok = 0;
     const E* key_rows[kBlock];
     for (int jj = 0; jj < kBlock; ++jj) {
       const int64_t j = j0 + jj;
-      const E *ks = nullptr, *vs = nullptr;
-      if (j < len) {
-        ks = a.cache_k + ((cb * a.S + j) * a.K + kh) * Dh;
-        vs = a.cache_v + ((cb * a.S + j) * a.K + kh) * Dh;
-      } else if (j - len < a.T && a.valid[b * a.T + (j - len)]) {
-        ks = a.k_new + ((b * a.T + (j - len)) * a.K + kh) * Dh;
-        vs = a.v_new + ((b * a.T + (j - len)) * a.K + kh) * Dh;
-      }
+      const E *ks, *vs;
+      a.KeyValue(b, cb, kh, len, j, &ks, &vs);
       if (ks != nullptr) key_ok |= 1u << jj;
       key_rows[jj] = ks;
       for (int64_t d = 0; d < Dh; d += 16)

@@ -1,5 +1,5 @@
 // The FFI side the decode-attention kernels share (decode_attention.cc for AVX-512, decode_attention_avx2.cc for
-// AVX2): their arguments, the checks on them, the split of a call into work items over XLA's intra-op pool (one
+// AVX2): their arguments and how a query row's tokens, keys and values are found in them, the checks on them, the split of a call into work items over XLA's intra-op pool (one
 // per query row, kv head and run of tokens; an item's arithmetic never depends on which thread runs it or on the
 // other items), and their binding.
 #pragma once
@@ -18,6 +18,36 @@ struct AttentionArgs {
   const int32_t *valid, *lengths;
   float* out;
   int64_t B, T, H, K, Dh, Bc, S;
+
+  // q[((t - t0) * G + g) * Dh + d] = query (b, t, head kh * G + g)'s element d as float32, for t in [t0, t1).
+  void LoadQueries(int64_t b, int64_t kh, int64_t t0, int64_t t1, float* q_out) const {
+    const int64_t G = H / K;
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t d = 0; d < Dh; ++d)
+          q_out[((t - t0) * G + g) * Dh + d] = ToF32(q[((b * T + t) * H + kh * G + g) * Dh + d]);
+  }
+
+  // The last position any valid query among tokens [t0, t1) of row b sees (-1: none), its cache holding len.
+  int64_t LastVisible(int64_t b, int64_t t0, int64_t t1, int64_t len) const {
+    int64_t last = -1;
+    for (int64_t t = t0; t < t1; ++t)
+      if (valid[b * T + t]) last = len + t;
+    return last;
+  }
+
+  // The key and value rows of key j on kv head kh for query row b (cache row cb, holding len): the cache's for
+  // j < len, the row's own new token j - len's when it is valid, none (nullptr) otherwise.
+  void KeyValue(int64_t b, int64_t cb, int64_t kh, int64_t len, int64_t j, const E** ks, const E** vs) const {
+    *ks = *vs = nullptr;
+    if (j < len) {
+      *ks = cache_k + ((cb * S + j) * K + kh) * Dh;
+      *vs = cache_v + ((cb * S + j) * K + kh) * Dh;
+    } else if (j - len < T && valid[b * T + (j - len)]) {
+      *ks = k_new + ((b * T + (j - len)) * K + kh) * Dh;
+      *vs = v_new + ((b * T + (j - len)) * K + kh) * Dh;
+    }
+  }
 };
 
 // Checks the buffers and runs ``item(args, b, kh, t0, t1)`` for the tokens [t0, t1) of query row b on kv head kh,

@@ -29,7 +29,7 @@ kernels (avx512_bf16/avx512_vnni; avx2/fma for the AVX2 GEMM), and what XLA's ow
 
 # Where jacobi and mr decoding have been shown to return AR's tokens bit for bit, per (backend, dtype): the
 # README's device table. int8 is shown against its own int8 AR, which is the only AR it can equal.
-CPU_TESTS = ("tests/test_real_smollm2_decoding.py and the decoding tests, on AVX2-only (the AVX2 GEMM engine), "
+CPU_TESTS = ("tests/test_real_smollm2_decoding.py and the decoding tests, on AVX2-only (the AVX2 kernels), "
              "AVX512-BF16 and AMX x86 CPUs (README's device table)")
 LOSSLESS = {
     ("cpu", "float32"): f"tested: {CPU_TESTS}",
