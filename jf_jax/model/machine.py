@@ -169,8 +169,8 @@ def engine_path(machine: Machine, dtype: str) -> EnginePath:
                           attention)
     return EnginePath(dtype, f"int8 via XLA integer dots ({kernels_absent(machine, 'avx512_vnni')})",
                       "the W8A8 kernel's plain-JAX twin in XLA", attention,
-                      "slow without the VNNI kernel: on an AVX2-only CPU 12-30% slower than bfloat16 through XLA's "
-                      "dots (results/studies/decode_engine_speed/dtypes_avx2.json)")
+                      "slow without the VNNI kernel: on a 2-core AVX2-only CPU int8 AR ran at a third of bfloat16's "
+                      "(results/studies/decode_engine_speed/dtypes_epyc_avx2_attention.json)")
 
 
 def lossless_evidence(backend: str, dtype: str) -> str:
