@@ -31,7 +31,6 @@ namespace {
 constexpr int kBlock = 16;     // keys per block (one AVX512 register of scores)
 constexpr int kRowsPerItem = 8;   // query tokens per work item (each item converts its keys once)
 
-
 inline __m512 Load16(const uint16_t* p) {
   const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));

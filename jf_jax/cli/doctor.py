@@ -207,12 +207,13 @@ def measure(machine, spec: str | None = None, *, context: int = 256, repeats: in
     from jf_jax.model import machine as machines
     from jf_jax.tuning import measure as measuring
 
+    spec = spec or api.DEFAULT_MODEL
     dtype = machines.choose_dtype("auto", machine).dtype
-    model = api.load_model(spec or api.DEFAULT_MODEL, dtype=dtype)
+    model = api.load_model(spec, dtype=dtype)
     # Host read bandwidth bounds a CPU's decode step; an accelerator's step reads its own memory instead.
     bandwidth = measuring.read_bandwidth_gbs(threads=machine.cores) if machine.backend == "cpu" else None
     curve = measuring.measure_latency(model.params, model.cfg, MEASURE_SIZES, context=context, repeats=repeats)
-    return speed(spec or api.DEFAULT_MODEL, dtype, dict(zip(curve.tokens, curve.seconds)), context=context,
+    return speed(spec, dtype, dict(zip(curve.tokens, curve.seconds)), context=context,
                  repeats=repeats, bandwidth_gbs=bandwidth, weight_bytes=measuring.step_weight_bytes(model.params),
                  tuned_block_size=tuned_block_size())
 

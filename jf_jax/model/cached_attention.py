@@ -128,8 +128,10 @@ def cached_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths, *, c
     Bc, S, K, _ = cache_k.shape
     if Bc < 1 or B % Bc:
         raise ValueError(f"cache has {Bc} rows for {B} query rows (expected a divisor of {B})")
-    if use_kernel and cpu_kernels.attention_kernel_set() is not None and cpu_kernels.attention_supports(Dh, q.dtype):
-        return cpu_kernels.decode_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths).astype(q.dtype)
+    kernel = cpu_kernels.attention_kernel_set() if use_kernel else None
+    if kernel is not None and cpu_kernels.attention_supports(Dh, q.dtype):
+        return cpu_kernels.decode_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths,
+                                            kernel=kernel).astype(q.dtype)
     shared = Bc == 1 and B > 1
     G = H // K
     scale = 1.0 / math.sqrt(Dh)
