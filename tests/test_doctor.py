@@ -194,6 +194,25 @@ def test_check_decodes_a_random_model_here(monkeypatch):
     assert "jacobi == AR (8 tokens, n = 4)" in doctor.format_report({**doctor.report(cpu(AVX2)), "check": [result]})
 
 
+def test_block_bits_at_a_decode_shape_pads_both_forwards_alike(monkeypatch):
+    """The bit test at a fixed decode shape, as GPU runs take it: a block and its one-token steps, both padded to 2x8
+    with the padding masked, give a token the same bits here (a one-token step that wrote a padding slot's keys
+    into the cache instead of its token's would change every later step's logits)."""
+    import jax
+
+    from jf_jax.decoding.shapes import DecodeShape
+    from jf_jax.model.config import ModelConfig
+    from jf_jax.model.params import init_params
+
+    shape = dict(doctor.CHECK_SHAPE, vocab_size=64, hidden_size=64, intermediate_size=96, num_heads=4,
+                 num_kv_heads=2, head_dim=16)
+    cfg = ModelConfig(**shape, dtype="float32")
+    params = init_params(cfg, jax.random.PRNGKey(1))
+    samples = [[[3, 9, 27, 17, 5], [11, 2, 40, 7]]]
+    assert doctor.block_bits(params, cfg, samples, DecodeShape(2, 8)) == 0.0
+    assert doctor.block_bits(params, cfg, samples) == 0.0
+
+
 def test_check_fails_the_command_when_tokens_or_bits_differ(monkeypatch, capsys):
     good = dict(dtype="float32", equal=True, block_logits_bit_identical=True, block_logits_max_difference=0.0,
                 first_difference=None, tokens=8, block_size=4, seconds=1.0)
@@ -202,6 +221,9 @@ def test_check_fails_the_command_when_tokens_or_bits_differ(monkeypatch, capsys)
         monkeypatch.setattr(doctor, "check", lambda machine, v=verdict: [v])
         assert doctor.main(["--check"]) == code
     assert "differ from one-token steps by up to 0.01" in capsys.readouterr().out
+    monkeypatch.setattr(doctor, "check", lambda machine: [dict(good, decode_shape="1x16")])
+    doctor.main(["--check"])
+    assert "bit-identical to one-token steps (both at the decode shape 1x16)" in capsys.readouterr().out
 
 
 def test_speed_recommends_the_largest_block_within_the_cost_limit_unless_tuned():

@@ -5,10 +5,10 @@ whether jf-jax's CPU kernels run here (and if not, whether that is the CPU or a 
 dtype's decode takes; the dtype ``--dtype auto`` picks and why; the XLA options of decode programs; and where
 jacobi / mr == AR has been shown for this backend. ``--check`` also decodes a small random model greedily with
 AR and jacobi in float32 and bfloat16 on this backend, and exits 1 unless their tokens are equal and a block's
-logits have the bits of one-token steps (the property the guarantee rests on, which a random model's tokens
-alone rarely expose). ``--measure`` times the machine for the embedded model (or ``--model``) in the ``auto``
-dtype: the read bandwidth and the AR bound it sets, the cost of a cached forward of 1-32 tokens, and from it a
-block size.
+logits have the bits of one-token steps at the decode shape a run takes here (padded on GPUs and TPUs): the
+property the guarantee rests on, which a random model's tokens alone rarely expose. ``--measure`` times the
+machine for the embedded model (or ``--model``) in the ``auto`` dtype: the read bandwidth and the AR bound it
+sets, the cost of a cached forward of 1-32 tokens, and from it a block size.
 """
 
 from __future__ import annotations
@@ -99,9 +99,10 @@ def format_report(r: dict) -> str:
         lines.append("check (a random model, greedy, on this backend)")
         for c in r["check"]:
             tokens = "jacobi == AR" if c["equal"] else f"jacobi != AR, first at {c['first_difference']}"
-            bits = ("block logits bit-identical to one-token steps" if c["block_logits_bit_identical"] else
-                    f"block logits differ from one-token steps by up to {c['block_logits_max_difference']:.3g}, so "
-                    "equal tokens hold only away from near-ties")
+            at = f" (both at the decode shape {c['decode_shape']})" if c.get("decode_shape") else ""
+            bits = (f"block logits bit-identical to one-token steps{at}" if c["block_logits_bit_identical"] else
+                    f"block logits differ from one-token steps{at} by up to {c['block_logits_max_difference']:.3g}, "
+                    "so equal tokens hold only away from near-ties")
             lines.append(f"  {c['dtype']:<9}   {tokens} ({c['tokens']} tokens, n = {c['block_size']}); {bits} "
                          f"[{c['seconds']:.0f} s]")
     if "speed" in r:
@@ -122,9 +123,10 @@ def check(machine, dtypes=CHECK_DTYPES, *, prompts: int = 2, prompt_length: int 
     """Per dtype, on a random model (``CHECK_SHAPE``) in the decode view ``load_model`` would build here: whether
     greedy AR and jacobi give equal tokens (the guarantee), and whether a block's logits have the bits of the
     same tokens' one-token steps (what the guarantee rests on; without it equality holds only away from
-    near-ties, as on GPUs in bf16), over ``bit_samples`` random prompts and blocks. (Without decode_jit's XLA
-    option, XLA:CPU's YNNPACK reductions made a 16-token block differ in every float32 sample and in about one
-    bfloat16 sample in three; at 8 tokens it did not show.)"""
+    near-ties), both forwards at the decode shape a run takes here (on a GPU each at its natural shape differs in
+    the last bits: that is why runs there are padded), over ``bit_samples`` random prompts and blocks. (Without
+    decode_jit's XLA option, XLA:CPU's YNNPACK reductions made a 16-token block differ in every float32 sample and
+    in about one bfloat16 sample in three; at 8 tokens it did not show.)"""
     import jax
     import numpy as np
 
@@ -156,7 +158,7 @@ def check(machine, dtypes=CHECK_DTYPES, *, prompts: int = 2, prompt_length: int 
         differences = [{"prompt": i, "position": first_difference(a, j)} for i, (a, j) in enumerate(zip(ar, jacobi))
                        if a != j]
         bits = block_bits(view, cfg, [[rng.integers(0, cfg.vocab_size, n).tolist() for n in (prompt_length, block_size)]
-                                      for _ in range(bit_samples)])
+                                      for _ in range(bit_samples)], shape)
         results.append({"dtype": dtype, "equal": not differences, "prompts": prompts, "tokens": sum(map(len, ar)),
                         "decode_shape": shape_label(shape),
                         "block_size": block_size, "first_difference": differences[0] if differences else None,
@@ -165,25 +167,39 @@ def check(machine, dtypes=CHECK_DTYPES, *, prompts: int = 2, prompt_length: int 
     return results
 
 
-def block_bits(view, cfg, samples: list[list[list[int]]]) -> float:
+def block_bits(view, cfg, samples: list[list[list[int]]], shape=None) -> float:
     """The largest difference, over ``samples`` of (prompt, block), between the logits of a block computed in one
     forward (as jacobi does) and one token per forward (as AR does), with the prompt in the cache; 0.0 when every
-    bit agrees."""
+    bit agrees. With a decode ``shape`` (``decoding.shapes.DecodeShape``) both forwards are padded to it, as every
+    decode forward of a run at that shape is; without, each has its natural shape."""
     import jax.numpy as jnp
     import numpy as np
 
     from jf_jax.model.decode_jit import decode_jit
     from jf_jax.model.kv_cache import KVCache
-    from jf_jax.model.transformer import forward, logits
+    from jf_jax.model.transformer import forward, forward_shared_prefix, logits
 
     @decode_jit
-    def step(view, tokens, cache):
-        hidden, cache = forward(view, cfg, tokens, cache=cache)
-        return logits(view, cfg, hidden), cache
+    def prefill(view, tokens, cache):
+        return forward(view, cfg, tokens, cache=cache)[1]
+
+    @decode_jit
+    def step(view, tokens, cache):  # tokens [1, t] -> their logits [1, t, V], the cache with them written
+        if shape is None:
+            hidden, cache = forward(view, cfg, tokens, cache=cache)
+            return logits(view, cfg, hidden), cache
+        t = tokens.shape[1]
+        padded = jnp.zeros((shape.rows, shape.width), jnp.int32).at[0, :t].set(tokens[0])
+        valid = jnp.zeros((shape.rows, shape.width), bool).at[0, :t].set(True)
+        hidden, k, v = forward_shared_prefix(view, cfg, padded, cache, valid=valid, whole_cache=True)
+        # logits of every padded position, as decoding.shapes.fixed_forward computes them
+        return logits(view, cfg, hidden)[:1, :t], cache.write(k[:, :1, :t], v[:, :1, :t])
 
     worst = 0.0
     for prompt, block in samples:
-        _, cache = step(view, jnp.asarray([prompt], jnp.int32), KVCache.init(cfg, 1, 2 * (len(prompt) + len(block))))
+        width = 0 if shape is None else shape.width
+        cache = prefill(view, jnp.asarray([prompt], jnp.int32),
+                        KVCache.init(cfg, 1, 2 * (len(prompt) + len(block)) + width))
         cache = cache.commit(len(prompt))
         together, _ = step(view, jnp.asarray([block], jnp.int32), cache)
         alone = []
