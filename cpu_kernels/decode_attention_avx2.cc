@@ -60,20 +60,38 @@ inline __m256 Exp8(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(two_n));
 }
 
-inline float ExpScalar(float x) {
-  if (x == -std::numeric_limits<float>::infinity()) return 0.0f;
-  return _mm256_cvtss_f32(Exp8(_mm256_set1_ps(x)));
+// Transposes the 8x8 float32 matrix whose rows are r[0..7] (r[i] becomes column i).
+inline void Transpose8(__m256 r[8]) {
+  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 u1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 u2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 u3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 u4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 u5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 u6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 u7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+  r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+  r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+  r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+  r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+  r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+  r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+  r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+  r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
 }
 
-// kt[d * 8 + j] = key j's element d (float32), for the 8 keys of a block (nullptr: a zero key).
+// kt[d * 8 + j] = key j's element d (float32), for the 8 keys of a block (nullptr: a zero key); Dh % 8 == 0.
 template <typename E>
 inline void TransposeKeys(const E* const keys[kBlock], int64_t Dh, float* kt) {
-  for (int j = 0; j < kBlock; ++j) {
-    if (keys[j] == nullptr) {
-      for (int64_t d = 0; d < Dh; ++d) kt[d * kBlock + j] = 0.0f;
-    } else {
-      for (int64_t d = 0; d < Dh; ++d) kt[d * kBlock + j] = ToF32(keys[j][d]);
-    }
+  for (int64_t d0 = 0; d0 < Dh; d0 += 8) {
+    __m256 r[kBlock];
+    for (int j = 0; j < kBlock; ++j) r[j] = keys[j] ? Load8(keys[j] + d0) : _mm256_setzero_ps();
+    Transpose8(r);
+    for (int i = 0; i < kBlock; ++i) _mm256_storeu_ps(kt + (d0 + i) * kBlock, r[i]);
   }
 }
 
@@ -91,6 +109,52 @@ inline void ScoreRows(const float* q, const int64_t* rows, int nr, const float* 
     for (int r = 0; r < kScoreRows; ++r) s[r] = _mm256_fmadd_ps(_mm256_set1_ps(qr[r][d]), kv, s[r]);
   }
   for (int r = 0; r < nr; ++r) _mm256_storeu_ps(scores + r * kBlock, _mm256_mul_ps(s[r], _mm256_set1_ps(scale)));
+}
+
+// The online-softmax step of a block for up to 8 rows at once, one row per lane: for row i < nr (scores s[i * 8 +
+// j], keys j with bit j of mask[i] visible), the block's max m' = max(m, max_j s_j), alpha_i = exp(m - m') (0 when
+// m is -inf), p_j = exp(s_j - m') for visible j and 0 otherwise (written over s), l = l * alpha + (p_0 + ... + p_7)
+// summed in key order, m = m'. Every lane's arithmetic is its row's alone.
+inline void SoftmaxRows(float* s, const int64_t* rows, const uint32_t* mask, int nr, float* m, float* l,
+                        float* alpha_out) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  alignas(32) float m_old[kScoreRows], l_old[kScoreRows];
+  alignas(32) int32_t bits[kScoreRows];
+  for (int i = 0; i < kScoreRows; ++i) {
+    m_old[i] = i < nr ? m[rows[i]] : 0.0f;
+    l_old[i] = i < nr ? l[rows[i]] : 0.0f;
+    bits[i] = i < nr ? int32_t(mask[i]) : 0;
+  }
+  __m256 k[kBlock];  // k[j]: key j's scores, one row per lane
+  for (int i = 0; i < kBlock; ++i) k[i] = _mm256_loadu_ps(s + i * kBlock);
+  Transpose8(k);
+  const __m256i lane_bits = _mm256_load_si256(reinterpret_cast<const __m256i*>(bits));
+  __m256 visible[kBlock];
+  __m256 block_max = _mm256_set1_ps(neg_inf);
+  for (int j = 0; j < kBlock; ++j) {
+    const __m256i bit = _mm256_set1_epi32(1 << j);
+    visible[j] = _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(lane_bits, bit), bit));
+    block_max = _mm256_max_ps(block_max, _mm256_blendv_ps(_mm256_set1_ps(neg_inf), k[j], visible[j]));
+  }
+  const __m256 mo = _mm256_load_ps(m_old);
+  const __m256 m_new = _mm256_max_ps(mo, block_max);
+  const __m256 first = _mm256_cmp_ps(mo, _mm256_set1_ps(neg_inf), _CMP_EQ_OQ);
+  const __m256 alpha = _mm256_blendv_ps(Exp8(_mm256_sub_ps(mo, m_new)), _mm256_setzero_ps(), first);
+  __m256 sum = _mm256_setzero_ps();
+  for (int j = 0; j < kBlock; ++j) {
+    k[j] = _mm256_and_ps(Exp8(_mm256_sub_ps(k[j], m_new)), visible[j]);
+    sum = _mm256_add_ps(sum, k[j]);
+  }
+  alignas(32) float l_new[kScoreRows], m_out[kScoreRows];
+  _mm256_store_ps(l_new, _mm256_add_ps(_mm256_mul_ps(_mm256_load_ps(l_old), alpha), sum));
+  _mm256_store_ps(m_out, m_new);
+  _mm256_store_ps(alpha_out, alpha);
+  Transpose8(k);  // back to one row of 8 probabilities per register
+  for (int i = 0; i < nr; ++i) {
+    _mm256_storeu_ps(s + i * kBlock, k[i]);
+    l[rows[i]] = l_new[i];
+    m[rows[i]] = m_out[i];
+  }
 }
 
 // acc[d0 : d0 + 64] = alpha * acc + sum over visible keys j (in order) of p[j] * value_j, for one row.
@@ -118,7 +182,8 @@ void AttendItem(const Args<E>& a, int64_t b, int64_t kh, int64_t t0, int64_t t1)
   const int64_t rows = (t1 - t0) * G;
   const float scale = 1.0f / std::sqrt(float(Dh));
   std::vector<float> q(rows * Dh), acc(rows * Dh, 0.0f), m(rows, -std::numeric_limits<float>::infinity()),
-      l(rows, 0.0f), kt(Dh * kBlock), vt(kBlock * Dh), scores(rows * kBlock);
+      l(rows, 0.0f), kt(Dh * kBlock), vt(kBlock * Dh), scores((rows + kScoreRows) * kBlock);
+  alignas(32) float alpha[kScoreRows];
   std::vector<int64_t> act_row(rows);
   std::vector<uint32_t> act_mask(rows);
   a.LoadQueries(b, kh, t0, t1, q.data());
@@ -136,8 +201,9 @@ void AttendItem(const Args<E>& a, int64_t b, int64_t kh, int64_t t0, int64_t t1)
         _mm256_storeu_ps(&vt[jj * Dh + d], vs ? Load8(vs + d) : _mm256_setzero_ps());
     }
     TransposeKeys(key_rows, Dh, kt.data());
-    // Three passes over the rows that see this block (scores; softmax bookkeeping; value sums): rows are
-    // independent, so each pass overlaps their dependency chains instead of running one row's chain at a time.
+    // Passes over the rows that see this block (scores, eight rows per key load; then, eight rows at a time, the
+    // softmax bookkeeping with one row per lane and the value sums): rows are independent, so each pass overlaps
+    // their dependency chains instead of running one row's chain at a time.
     int64_t active = 0;
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t pos = len + t;
@@ -154,24 +220,13 @@ void AttendItem(const Args<E>& a, int64_t b, int64_t kh, int64_t t0, int64_t t1)
       const int nr = active - i0 < kScoreRows ? int(active - i0) : kScoreRows;
       ScoreRows(q.data(), act_row.data() + i0, nr, kt.data(), Dh, scale, &scores[i0 * kBlock]);
     }
-    for (int64_t i = 0; i < active; ++i) {
-      const int64_t row = act_row[i];
-      float* s = &scores[i * kBlock];
-      float block_max = -std::numeric_limits<float>::infinity();
-      for (int jj = 0; jj < kBlock; ++jj)
-        if (act_mask[i] & (1u << jj)) block_max = s[jj] > block_max ? s[jj] : block_max;
-      const float m_new = m[row] > block_max ? m[row] : block_max;
-      const float alpha = ExpScalar(m[row] - m_new);
-      alignas(32) float p[kBlock];
-      _mm256_store_ps(p, Exp8(_mm256_sub_ps(_mm256_loadu_ps(s), _mm256_set1_ps(m_new))));
-      float sum = 0.0f;  // in key order
-      for (int jj = 0; jj < kBlock; ++jj) {
-        s[jj] = act_mask[i] & (1u << jj) ? p[jj] : 0.0f;
-        sum += s[jj];
-      }
-      l[row] = l[row] * alpha + sum;
-      m[row] = m_new;
-      for (int64_t d0 = 0; d0 < Dh; d0 += 64) ValueRow(s, act_mask[i], alpha, vt.data(), Dh, d0, &acc[row * Dh]);
+    for (int64_t i0 = 0; i0 < active; i0 += kScoreRows) {
+      const int nr = active - i0 < kScoreRows ? int(active - i0) : kScoreRows;
+      SoftmaxRows(&scores[i0 * kBlock], act_row.data() + i0, act_mask.data() + i0, nr, m.data(), l.data(), alpha);
+      for (int i = 0; i < nr; ++i)
+        for (int64_t d0 = 0; d0 < Dh; d0 += 64)
+          ValueRow(&scores[(i0 + i) * kBlock], act_mask[i0 + i], alpha[i], vt.data(), Dh, d0,
+                   &acc[act_row[i0 + i] * Dh]);
     }
   }
   for (int64_t t = t0; t < t1; ++t)
