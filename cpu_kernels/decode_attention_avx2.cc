@@ -17,7 +17,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -32,8 +31,6 @@ namespace {
 constexpr int kBlock = 8;         // keys per block (one AVX2 register of scores)
 constexpr int kRowsPerItem = 8;   // query tokens per work item (each item converts its keys once)
 constexpr int kScoreRows = 8;     // query rows whose scores share each key load (eight independent FMA chains)
-
-using jf_cpu::ToF32;
 
 inline __m256 Load8(const uint16_t* p) {
   const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -182,8 +179,8 @@ void AttendItem(const Args<E>& a, int64_t b, int64_t kh, int64_t t0, int64_t t1)
   const int64_t rows = (t1 - t0) * G;
   const float scale = 1.0f / std::sqrt(float(Dh));
   std::vector<float> q(rows * Dh), acc(rows * Dh, 0.0f), m(rows, -std::numeric_limits<float>::infinity()),
-      l(rows, 0.0f), kt(Dh * kBlock), vt(kBlock * Dh), scores((rows + kScoreRows) * kBlock);
-  alignas(32) float alpha[kScoreRows];
+      l(rows, 0.0f), kt(Dh * kBlock), vt(kBlock * Dh);
+  alignas(32) float scores[kScoreRows * kBlock] = {}, alpha[kScoreRows];
   std::vector<int64_t> act_row(rows);
   std::vector<uint32_t> act_mask(rows);
   a.LoadQueries(b, kh, t0, t1, q.data());
@@ -201,9 +198,9 @@ void AttendItem(const Args<E>& a, int64_t b, int64_t kh, int64_t t0, int64_t t1)
         _mm256_storeu_ps(&vt[jj * Dh + d], vs ? Load8(vs + d) : _mm256_setzero_ps());
     }
     TransposeKeys(key_rows, Dh, kt.data());
-    // Passes over the rows that see this block (scores, eight rows per key load; then, eight rows at a time, the
-    // softmax bookkeeping with one row per lane and the value sums): rows are independent, so each pass overlaps
-    // their dependency chains instead of running one row's chain at a time.
+    // The rows that see this block, eight at a time (scores sharing each key load, the softmax bookkeeping with one
+    // row per lane, the value sums): rows are independent, so each step overlaps their dependency chains instead of
+    // running one row's chain at a time.
     int64_t active = 0;
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t pos = len + t;
@@ -218,15 +215,11 @@ void AttendItem(const Args<E>& a, int64_t b, int64_t kh, int64_t t0, int64_t t1)
     }
     for (int64_t i0 = 0; i0 < active; i0 += kScoreRows) {
       const int nr = active - i0 < kScoreRows ? int(active - i0) : kScoreRows;
-      ScoreRows(q.data(), act_row.data() + i0, nr, kt.data(), Dh, scale, &scores[i0 * kBlock]);
-    }
-    for (int64_t i0 = 0; i0 < active; i0 += kScoreRows) {
-      const int nr = active - i0 < kScoreRows ? int(active - i0) : kScoreRows;
-      SoftmaxRows(&scores[i0 * kBlock], act_row.data() + i0, act_mask.data() + i0, nr, m.data(), l.data(), alpha);
+      ScoreRows(q.data(), act_row.data() + i0, nr, kt.data(), Dh, scale, scores);
+      SoftmaxRows(scores, act_row.data() + i0, act_mask.data() + i0, nr, m.data(), l.data(), alpha);
       for (int i = 0; i < nr; ++i)
         for (int64_t d0 = 0; d0 < Dh; d0 += 64)
-          ValueRow(&scores[(i0 + i) * kBlock], act_mask[i0 + i], alpha[i], vt.data(), Dh, d0,
-                   &acc[act_row[i0 + i] * Dh]);
+          ValueRow(&scores[i * kBlock], act_mask[i0 + i], alpha[i], vt.data(), Dh, d0, &acc[act_row[i0 + i] * Dh]);
     }
   }
   for (int64_t t = t0; t < t1; ++t)

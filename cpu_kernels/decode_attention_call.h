@@ -1,7 +1,7 @@
 // The FFI side the decode-attention kernels share (decode_attention.cc for AVX-512, decode_attention_avx2.cc for
-// AVX2): their arguments and how a query row's tokens, keys and values are found in them, the checks on them, the split of a call into work items over XLA's intra-op pool (one
-// per query row, kv head and run of tokens; an item's arithmetic never depends on which thread runs it or on the
-// other items), and their binding.
+// AVX2): their arguments and how a query row's tokens, keys and values are found in them, the checks on them, the
+// split of a call into work items over XLA's intra-op pool (one per query row, kv head and run of tokens; an item's
+// arithmetic never depends on which thread runs it or on the other items), and their binding.
 #pragma once
 
 #include <cstdint>
