@@ -16,10 +16,12 @@ import time
 
 import numpy as np
 
+from jf_jax.cli.tune import positive_ints
+
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rows", default="1,4,8,16")
+    p.add_argument("--rows", type=positive_ints, default=(1, 4, 8, 16), help="row counts, e.g. 1,4,8,16")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     import jax
@@ -44,7 +46,7 @@ def main(argv=None) -> int:
         return out
 
     results = {}
-    for M in (int(r) for r in args.rows.split(",")):
+    for M in args.rows:
         x = jnp.asarray(np.random.default_rng(1).standard_normal((M, K)), jnp.float32)
         jax.block_until_ready(many(x, weight))
         times = []
