@@ -14,8 +14,9 @@ import jax.numpy as jnp
 
 from jf_jax.decoding.common import StopReason, is_eos
 from jf_jax.decoding.sampling import Sampling, choose
-from jf_jax.model.kv_cache import KVCache
 from jf_jax.model.config import ModelConfig
+from jf_jax.model.decode_jit import decode_jit
+from jf_jax.model.kv_cache import KVCache
 from jf_jax.model.params import Params
 from jf_jax.model.token_meta import causal_meta
 from jf_jax.model.transformer import forward, logits
@@ -150,10 +151,15 @@ class BlockStart(NamedTuple):
     accept_hist: jax.Array  # [B, n + 1] zeros: histogram of tokens accepted per iteration
 
 
+@decode_jit(static_argnames=("cfg", "n", "sampling", "out_capacity", "capacity", "width"))
 def start_blocks(params: Params, cfg: ModelConfig, n: int, sampling: Sampling, prompts, prompt_lens, keys,
                  sample_keys, eos_ids, out_capacity: int, capacity: int, width: int | None = None) -> BlockStart:
     """Draws n guesses per row from its prompt (with ``block_key(key, 0)``), runs ``prefill_draft`` (at a fixed
-    decode shape's ``width``, if any) and emits an EOS first token."""
+    decode shape's ``width``, if any) and emits an EOS first token.
+
+    A program of its own, not part of each decoder's ``init``: Jacobi and multi-block decoding of the same
+    prompts and block size begin with this same forward over the whole prompt, the largest program of a run's
+    start, so a run of both methods compiles it once."""
     B = prompts.shape[0]
     out = jnp.full((B, out_capacity), -1, jnp.int32)
     guesses = jax.vmap(lambda k, p, pl, o: draw_context(block_key(k, 0), p, pl, o, 0, n))(keys, prompts, prompt_lens,

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jf_jax.model.cached_attention import CHUNK
 from jf_jax.model.config import ModelConfig
 from jf_jax.model.weight_matmul import this_machine_dot_rows
 
@@ -116,7 +117,10 @@ class PreparedPrompts:
     out_capacity: int
     """Bucketed size of the output buffer (>= max_new_tokens)."""
     cache_capacity: int
-    """KV slots: prompt bucket + output bucket + ``lookahead`` slots for draft blocks written past the end."""
+    """KV slots: prompt bucket + output bucket + ``lookahead`` slots for draft blocks written past the end, rounded
+    up to whole attention chunks. The rounding gives AR, Jacobi and multi-block decoding of the same prompts one
+    capacity (their lookaheads differ by less than a chunk), so Jacobi and multi-block share one prefill program
+    (``blocks.start_blocks``); attention reads only the chunks the cache holds, so the slots cost no time."""
 
 
 def prepare_prompts(cfg: ModelConfig, prompts: Sequence[Sequence[int]], max_new_tokens: int,
@@ -151,8 +155,9 @@ def prepare_prompts(cfg: ModelConfig, prompts: Sequence[Sequence[int]], max_new_
     for i, prompt in enumerate(prompts):
         tokens[i, : lengths[i]] = np.asarray(prompt, np.int32)
     lookahead = max(lookahead, this_machine_dot_rows(cfg.dtype).fewest)
+    capacity = -(-(prompt_bucket + out_capacity + lookahead) // CHUNK) * CHUNK
     return PreparedPrompts(tokens=tokens, lengths=np.asarray(lengths, np.int32), max_new_tokens=int(max_new_tokens),
-                           out_capacity=out_capacity, cache_capacity=prompt_bucket + out_capacity + lookahead)
+                           out_capacity=out_capacity, cache_capacity=capacity)
 
 
 def eos_array(eos_ids: Sequence[int]) -> np.ndarray:

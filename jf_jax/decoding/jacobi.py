@@ -79,15 +79,17 @@ class JacobiDecoder(BlockDecoder):
     """The static half of Jacobi decoding: the model config and the block size (hashable; a jit static arg).
     Drivers (``run_compiled``, ``run_python``) come from ``BlockDecoder``."""
 
-    @decode_jit(static_argnums=(0, 8, 9))
     def init(self, params: Params, prompts, prompt_lens, keys, sample_keys, max_new, eos_ids, out_capacity: int,
              capacity: int) -> JacobiState:
         """Prefill with the drafting trick; the returned state's draft is each row's first block's first draft."""
+        b = start_blocks(params, self.cfg, self.block_size, self.sampling, prompts, prompt_lens, keys, sample_keys,
+                         eos_ids, out_capacity, capacity, self.prefill_width)
+        return self._first_state(b, prompts, prompt_lens, max_new, eos_ids)
+
+    @decode_jit(static_argnums=0)
+    def _first_state(self, b, prompts, prompt_lens, max_new, eos_ids) -> JacobiState:
         n = self.block_size
-        B = prompts.shape[0]
-        b = start_blocks(params, self.cfg, n, self.sampling, prompts, prompt_lens, keys, sample_keys, eos_ids,
-                         out_capacity, capacity, self.prefill_width)
-        rows = functools.partial(per_row, batch=B)
+        rows = functools.partial(per_row, batch=prompts.shape[0])
         return JacobiState(
             draft=b.first, draft_len=rows(n), block_init=b.guesses, out=b.out, count=b.first_eos.astype(jnp.int32),
             block_start=rows(0), done=b.first_eos, cache=b.cache, prompt=prompts, prompt_len=prompt_lens, key=b.key,

@@ -96,14 +96,16 @@ class MRDecoder(BlockDecoder):
     def width(self) -> int:
         return self.block_size * self.num_blocks
 
-    @decode_jit(static_argnums=(0, 8, 9))
     def init(self, params: Params, prompts, prompt_lens, keys, sample_keys, max_new, eos_ids, out_capacity: int,
              capacity: int) -> MRState:
+        b = start_blocks(params, self.cfg, self.block_size, self.sampling, prompts, prompt_lens, keys, sample_keys,
+                         eos_ids, out_capacity, capacity, self.prefill_width)
+        return self._first_state(b, prompts, prompt_lens, max_new, eos_ids)
+
+    @decode_jit(static_argnums=0)
+    def _first_state(self, b, prompts, prompt_lens, max_new, eos_ids) -> MRState:
         n, W, S = self.block_size, self.width, self.pool_size
-        B = prompts.shape[0]
-        b = start_blocks(params, self.cfg, n, self.sampling, prompts, prompt_lens, keys, sample_keys, eos_ids,
-                         out_capacity, capacity, self.prefill_width)
-        rows = functools.partial(per_row, batch=B)
+        rows = functools.partial(per_row, batch=prompts.shape[0])
         return MRState(
             row=jnp.pad(b.first, ((0, 0), (0, W - n))), row_len=rows(n), ra_len=rows(n), n_pa=rows(0),
             pa_progress=rows(jnp.zeros((self.num_blocks,))), out=b.out, count=b.first_eos.astype(jnp.int32),
