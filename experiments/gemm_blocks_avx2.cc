@@ -1,0 +1,143 @@
+// Register blocks for the AVX2 bf16 GEMM (cpu_kernels/bf16_gemm_avx2.cc), timed on one thread on a weight held in
+// cache: the kernel's block (up to 4 rows x 16 columns, 8 accumulators) against blocks of R rows x C registers of
+// 8 columns (R * C accumulators) that convert each weight register once and FMA it into every row. Every block
+// does each output lane's arithmetic in the kernel's order (k pairs in order, the odd k first), so all give the
+// same bits (checked). "shift" converts the odd k with two shifts instead of a mask, which frees a register.
+//   g++ -O2 -mavx2 -mfma -std=c++17 experiments/gemm_blocks_avx2.cc -o /tmp/gb && /tmp/gb
+#include <immintrin.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr int64_t K = 576, N = 384, KP = K / 2, NT = N / 16;  // a 576 x 384 bf16 weight: 432 KiB
+std::vector<float> x(16 * K), out(16 * N), expected(16 * N);
+const __m256i* w;  // packed as the kernels pack it: [N/16][K/2][16][2]
+
+// The kernel's block: rows 0..R-1 against one 16-column slab, x broadcast per row and k.
+#define KERNEL_FMA(r, k)                                            \
+  if constexpr (R > r) {                                            \
+    const __m256 xk = _mm256_broadcast_ss(xs + r * K + (k));        \
+    lo##r = _mm256_fmadd_ps(xk, w_lo, lo##r);                       \
+    hi##r = _mm256_fmadd_ps(xk, w_hi, hi##r);                       \
+  }
+#define KERNEL_ROWS(k) KERNEL_FMA(0, k) KERNEL_FMA(1, k) KERNEL_FMA(2, k) KERNEL_FMA(3, k)
+template <int R>
+void KernelBlock(const float* xs, const __m256i* ws, float* o) {
+  __m256 lo0 = _mm256_setzero_ps(), lo1 = lo0, lo2 = lo0, lo3 = lo0, hi0 = lo0, hi1 = lo0, hi2 = lo0, hi3 = lo0;
+  const __m256i mask = _mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
+  for (int64_t kp = 0; kp < KP; ++kp) {
+    const __m256i lp = _mm256_loadu_si256(ws + 2 * kp), hp = _mm256_loadu_si256(ws + 2 * kp + 1);
+    __m256 w_lo = _mm256_castsi256_ps(_mm256_and_si256(lp, mask)), w_hi = _mm256_castsi256_ps(_mm256_and_si256(hp, mask));
+    KERNEL_ROWS(2 * kp + 1)
+    w_lo = _mm256_castsi256_ps(_mm256_slli_epi32(lp, 16));
+    w_hi = _mm256_castsi256_ps(_mm256_slli_epi32(hp, 16));
+    KERNEL_ROWS(2 * kp)
+  }
+  const __m256 los[4] = {lo0, lo1, lo2, lo3}, his[4] = {hi0, hi1, hi2, hi3};
+  for (int r = 0; r < R; ++r) {
+    _mm256_storeu_ps(o + r * N, los[r]);
+    _mm256_storeu_ps(o + r * N + 8, his[r]);
+  }
+}
+
+__m256 Odd(const __m256i* p, __m256i mask) { return _mm256_castsi256_ps(_mm256_and_si256(_mm256_loadu_si256(p), mask)); }
+__m256 OddByShifts(const __m256i* p, __m256i) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srli_epi32(_mm256_loadu_si256(p), 16), 16));
+}
+__m256 Even(const __m256i* p, __m256i) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256(p), 16)); }
+
+// R rows x C registers (C / 2 slabs from ``ws``): per k, each weight register is converted once and used by every
+// row. Accumulators are named variables (an array of them is stored to the stack every step).
+#define ACC_FMA(r, c, wv) if constexpr (R > r && C > c) a##r##c = _mm256_fmadd_ps(b##r, wv, a##r##c);
+#define REG(c, CONV)                                                                            \
+  if constexpr (C > c) {                                                                        \
+    const __m256 wv = CONV(ws + 2 * ((c) / 2) * KP + 2 * kp + ((c) & 1), mask);                 \
+    ACC_FMA(0, c, wv) ACC_FMA(1, c, wv) ACC_FMA(2, c, wv) ACC_FMA(3, c, wv)                     \
+  }
+#define BCAST(r, k) const __m256 b##r = R > r ? _mm256_broadcast_ss(xs + r * K + (k)) : _mm256_setzero_ps();
+#define K_STEP(k, CONV) { BCAST(0, k) BCAST(1, k) BCAST(2, k) BCAST(3, k) \
+                          REG(0, CONV) REG(1, CONV) REG(2, CONV) REG(3, CONV) REG(4, CONV) REG(5, CONV) }
+#define ZERO(r) __m256 a##r##0 = _mm256_setzero_ps(), a##r##1 = a##r##0, a##r##2 = a##r##0, a##r##3 = a##r##0, \
+                       a##r##4 = a##r##0, a##r##5 = a##r##0;
+#define STORE1(r, c) if constexpr (R > r && C > c) _mm256_storeu_ps(o + r * N + 8 * (c), a##r##c);
+#define STORE(r) STORE1(r, 0) STORE1(r, 1) STORE1(r, 2) STORE1(r, 3) STORE1(r, 4) STORE1(r, 5)
+template <int R, int C, bool SHIFT_ODD>
+void WideBlock(const float* xs, const __m256i* ws, float* o) {
+  static_assert(R <= 4 && C <= 6 && C % 2 == 0);
+  ZERO(0) ZERO(1) ZERO(2) ZERO(3)
+  const __m256i mask = _mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
+  for (int64_t kp = 0; kp < KP; ++kp) {
+    if constexpr (SHIFT_ODD) { K_STEP(2 * kp + 1, OddByShifts) } else { K_STEP(2 * kp + 1, Odd) }
+    K_STEP(2 * kp, Even)
+  }
+  STORE(0) STORE(1) STORE(2) STORE(3)
+}
+
+void RunKernel(int M) {
+  for (int64_t t = 0; t < NT; ++t) {
+    for (int r0 = 0; r0 < M; r0 += 4) {
+      const float* xs = x.data() + r0 * K;
+      float* o = out.data() + r0 * N + t * 16;
+      switch (M - r0 < 4 ? M - r0 : 4) {
+        case 1: KernelBlock<1>(xs, w + 2 * t * KP, o); break;
+        case 2: KernelBlock<2>(xs, w + 2 * t * KP, o); break;
+        case 3: KernelBlock<3>(xs, w + 2 * t * KP, o); break;
+        default: KernelBlock<4>(xs, w + 2 * t * KP, o);
+      }
+    }
+  }
+}
+
+template <int R, int C, bool SHIFT_ODD>
+void RunWide(int M) {  // M a multiple of R
+  for (int64_t t = 0; t < NT; t += C / 2) {
+    for (int r0 = 0; r0 < M; r0 += R) WideBlock<R, C, SHIFT_ODD>(x.data() + r0 * K, w + 2 * t * KP, out.data() + r0 * N + t * 16);
+  }
+}
+
+void Time(const char* name, int M, void (*run)(int)) {
+  run(M);
+  const bool same = std::memcmp(out.data(), expected.data(), M * N * sizeof(float)) == 0;
+  const int reps = 3000 / M;
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) run(M);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / reps;
+  std::printf("%2d rows  %-28s %5.2f G 8-lane FMAs/s%s\n", M, name, M * K * N / 8 / s / 1e9,
+              same ? "" : "  (BITS DIFFER FROM THE KERNEL'S)");
+}
+
+}  // namespace
+
+int main() {
+  auto* bits = static_cast<uint16_t*>(std::aligned_alloc(64, N * K * 2));
+  std::srand(1);
+  for (int64_t i = 0; i < N * K; ++i) bits[i] = 0x3c00 + (std::rand() & 0x3ff) + ((std::rand() & 1) << 15);
+  w = reinterpret_cast<const __m256i*>(bits);
+  for (auto& v : x) {
+    const uint32_t u = (0x3c00u + (std::rand() & 0x3ff)) << 16;
+    std::memcpy(&v, &u, 4);
+  }
+  for (int M : {1, 4, 8, 12}) {
+    RunKernel(M);
+    expected = out;
+    Time("kernel (<=4 rows x 2 regs)", M, RunKernel);
+    if (M == 1) {
+      Time("1 row x 4 regs", M, RunWide<1, 4, false>);
+      Time("1 row x 6 regs", M, RunWide<1, 6, false>);
+    }
+    if (M % 2 == 0) {
+      Time("2 rows x 4 regs", M, RunWide<2, 4, false>);
+      Time("2 rows x 6 regs (12 acc)", M, RunWide<2, 6, false>);
+      Time("2 rows x 6 regs, shift", M, RunWide<2, 6, true>);
+    }
+    if (M % 4 == 0) Time("4 rows x 2 regs, w outer", M, RunWide<4, 2, false>);
+    if (M % 3 == 0) Time("3 rows x 4 regs, shift (12 acc)", M, RunWide<3, 4, true>);
+  }
+  return 0;
+}
