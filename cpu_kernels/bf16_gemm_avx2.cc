@@ -14,6 +14,7 @@
 
 #include <cstdint>
 
+#include "bf16_gemm_avx2_block.h"
 #include "common.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -21,46 +22,12 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr int kTile = 16;    // output columns per packed slab: two 8-lane registers
-constexpr int kMaxRows = 4;  // rows per register block: 8 accumulators + 4 weight registers + broadcasts in 16
-
-// One FMA of row ``r``'s x[k] into its two accumulators, for the rows a block has. The accumulators are named
-// variables, not arrays: GCC keeps an array of vectors in registers but also stores it to the stack every step.
-#define JF_ROW_FMA(r, k)                                           \
-  if constexpr (R > r) {                                           \
-    const __m256 xk = _mm256_broadcast_ss(x + r * K + (k));        \
-    lo##r = _mm256_fmadd_ps(xk, w_lo, lo##r);                      \
-    hi##r = _mm256_fmadd_ps(xk, w_hi, hi##r);                      \
-  }
-#define JF_ROWS_FMA(k) JF_ROW_FMA(0, k) JF_ROW_FMA(1, k) JF_ROW_FMA(2, k) JF_ROW_FMA(3, k)
-
-template <int R>
-void RowBlock(const float* x, int64_t K, const __m256i* w, int64_t KP, float* out, int64_t N) {
-  static_assert(R >= 1 && R <= 4);
-  __m256 lo0 = _mm256_setzero_ps(), lo1 = lo0, lo2 = lo0, lo3 = lo0;  // columns 0-7 of rows 0-3
-  __m256 hi0 = lo0, hi1 = lo0, hi2 = lo0, hi3 = lo0;                  // columns 8-15
-  const __m256i odd_mask = _mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
-  for (int64_t kp = 0; kp < KP; ++kp) {
-    const __m256i lo_pair = _mm256_loadu_si256(w + 2 * kp);  // columns 0-7, both k of the pair
-    const __m256i hi_pair = _mm256_loadu_si256(w + 2 * kp + 1);
-    __m256 w_lo = _mm256_castsi256_ps(_mm256_and_si256(lo_pair, odd_mask));
-    __m256 w_hi = _mm256_castsi256_ps(_mm256_and_si256(hi_pair, odd_mask));
-    JF_ROWS_FMA(2 * kp + 1)
-    w_lo = _mm256_castsi256_ps(_mm256_slli_epi32(lo_pair, 16));
-    w_hi = _mm256_castsi256_ps(_mm256_slli_epi32(hi_pair, 16));
-    JF_ROWS_FMA(2 * kp)
-  }
-  const __m256 los[4] = {lo0, lo1, lo2, lo3}, his[4] = {hi0, hi1, hi2, hi3};
-  for (int r = 0; r < R; ++r) {
-    _mm256_storeu_ps(out + r * N, los[r]);
-    _mm256_storeu_ps(out + r * N + 8, his[r]);
-  }
-}
-#undef JF_ROWS_FMA
-#undef JF_ROW_FMA
+using jf_cpu::kTile;
+using jf_cpu::kMaxRows;
 
 using RowBlockFn = void (*)(const float*, int64_t, const __m256i*, int64_t, float*, int64_t);
-constexpr RowBlockFn kRowBlocks[kMaxRows + 1] = {nullptr, RowBlock<1>, RowBlock<2>, RowBlock<3>, RowBlock<4>};
+constexpr RowBlockFn kRowBlocks[kMaxRows + 1] = {nullptr, jf_cpu::Avx2RowBlock<1>, jf_cpu::Avx2RowBlock<2>,
+                                                 jf_cpu::Avx2RowBlock<3>, jf_cpu::Avx2RowBlock<4>};
 
 struct Gemm {
   const float* x;

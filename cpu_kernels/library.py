@@ -24,7 +24,7 @@ import pathlib
 import jax
 
 HERE = pathlib.Path(__file__).resolve().parent
-HEADERS = (HERE / "common.h", HERE / "decode_attention_call.h")
+HEADERS = (HERE / "common.h", HERE / "decode_attention_call.h", HERE / "bf16_gemm_avx2_block.h")
 CPUINFO = pathlib.Path("/proc/cpuinfo")
 CHOICE_VARIABLE = "JF_CPU_KERNELS"
 CHOICES = {"all": ("avx512", "avx2"), "avx2": ("avx2",), "none": ()}

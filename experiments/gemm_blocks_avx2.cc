@@ -1,5 +1,6 @@
 // Register blocks for the AVX2 bf16 GEMM (cpu_kernels/bf16_gemm_avx2.cc), timed on one thread on a weight held in
-// cache: the kernel's block (up to 4 rows x 16 columns, 8 accumulators) against blocks of R rows x C registers of
+// cache: the kernel's own block (cpu_kernels/bf16_gemm_avx2_block.h: up to 4 rows x 16 columns, 8 accumulators)
+// against blocks of R rows x C registers of
 // 8 columns (R * C accumulators) that convert each weight register once and FMA it into every row. Every block
 // does each output lane's arithmetic in the kernel's order (k pairs in order, the odd k first), so all give the
 // same bits (checked). "shift" converts the odd k with two shifts instead of a mask, which frees a register.
@@ -13,38 +14,13 @@
 #include <cstring>
 #include <vector>
 
+#include "../cpu_kernels/bf16_gemm_avx2_block.h"  // the kernel's own block
+
 namespace {
 
 constexpr int64_t K = 576, N = 384, KP = K / 2, NT = N / 16;  // a 576 x 384 bf16 weight: 432 KiB
 std::vector<float> x(16 * K), out(16 * N), expected(16 * N);
 const __m256i* w;  // packed as the kernels pack it: [N/16][K/2][16][2]
-
-// The kernel's block: rows 0..R-1 against one 16-column slab, x broadcast per row and k.
-#define KERNEL_FMA(r, k)                                            \
-  if constexpr (R > r) {                                            \
-    const __m256 xk = _mm256_broadcast_ss(xs + r * K + (k));        \
-    lo##r = _mm256_fmadd_ps(xk, w_lo, lo##r);                       \
-    hi##r = _mm256_fmadd_ps(xk, w_hi, hi##r);                       \
-  }
-#define KERNEL_ROWS(k) KERNEL_FMA(0, k) KERNEL_FMA(1, k) KERNEL_FMA(2, k) KERNEL_FMA(3, k)
-template <int R>
-void KernelBlock(const float* xs, const __m256i* ws, float* o) {
-  __m256 lo0 = _mm256_setzero_ps(), lo1 = lo0, lo2 = lo0, lo3 = lo0, hi0 = lo0, hi1 = lo0, hi2 = lo0, hi3 = lo0;
-  const __m256i mask = _mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
-  for (int64_t kp = 0; kp < KP; ++kp) {
-    const __m256i lp = _mm256_loadu_si256(ws + 2 * kp), hp = _mm256_loadu_si256(ws + 2 * kp + 1);
-    __m256 w_lo = _mm256_castsi256_ps(_mm256_and_si256(lp, mask)), w_hi = _mm256_castsi256_ps(_mm256_and_si256(hp, mask));
-    KERNEL_ROWS(2 * kp + 1)
-    w_lo = _mm256_castsi256_ps(_mm256_slli_epi32(lp, 16));
-    w_hi = _mm256_castsi256_ps(_mm256_slli_epi32(hp, 16));
-    KERNEL_ROWS(2 * kp)
-  }
-  const __m256 los[4] = {lo0, lo1, lo2, lo3}, his[4] = {hi0, hi1, hi2, hi3};
-  for (int r = 0; r < R; ++r) {
-    _mm256_storeu_ps(o + r * N, los[r]);
-    _mm256_storeu_ps(o + r * N + 8, his[r]);
-  }
-}
 
 __m256 Odd(const __m256i* p, __m256i mask) { return _mm256_castsi256_ps(_mm256_and_si256(_mm256_loadu_si256(p), mask)); }
 __m256 OddByShifts(const __m256i* p, __m256i) {
@@ -85,10 +61,10 @@ void RunKernel(int M) {
       const float* xs = x.data() + r0 * K;
       float* o = out.data() + r0 * N + t * 16;
       switch (M - r0 < 4 ? M - r0 : 4) {
-        case 1: KernelBlock<1>(xs, w + 2 * t * KP, o); break;
-        case 2: KernelBlock<2>(xs, w + 2 * t * KP, o); break;
-        case 3: KernelBlock<3>(xs, w + 2 * t * KP, o); break;
-        default: KernelBlock<4>(xs, w + 2 * t * KP, o);
+        case 1: jf_cpu::Avx2RowBlock<1>(xs, K, w + 2 * t * KP, KP, o, N); break;
+        case 2: jf_cpu::Avx2RowBlock<2>(xs, K, w + 2 * t * KP, KP, o, N); break;
+        case 3: jf_cpu::Avx2RowBlock<3>(xs, K, w + 2 * t * KP, KP, o, N); break;
+        default: jf_cpu::Avx2RowBlock<4>(xs, K, w + 2 * t * KP, KP, o, N);
       }
     }
   }
