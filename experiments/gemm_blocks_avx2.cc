@@ -77,6 +77,53 @@ void RunWide(int M) {  // M a multiple of R
   }
 }
 
+// Six rows x one 16-column slab with the registers allocated by hand: 12 accumulators (ymm0-11), the two weight
+// registers of a k (ymm12-13), the broadcast (ymm14) and the odd-k mask (ymm15). The even k's weights are loaded
+// again (from cache) instead of being kept, which is what frees the registers.
+void SixRowsAsm(const float* xs, const __m256i* ws, float* o) {
+  const int32_t mask_bits[8] = {-65536, -65536, -65536, -65536, -65536, -65536, -65536, -65536};
+  const int64_t stride = K * 4;
+  const float* x3 = xs + 3 * K;
+  int64_t count = KP;
+  asm volatile(
+      "vmovdqu (%[m]), %%ymm15\n\t"
+      "vxorps %%ymm0, %%ymm0, %%ymm0\n\tvxorps %%ymm1, %%ymm1, %%ymm1\n\tvxorps %%ymm2, %%ymm2, %%ymm2\n\t"
+      "vxorps %%ymm3, %%ymm3, %%ymm3\n\tvxorps %%ymm4, %%ymm4, %%ymm4\n\tvxorps %%ymm5, %%ymm5, %%ymm5\n\t"
+      "vxorps %%ymm6, %%ymm6, %%ymm6\n\tvxorps %%ymm7, %%ymm7, %%ymm7\n\tvxorps %%ymm8, %%ymm8, %%ymm8\n\t"
+      "vxorps %%ymm9, %%ymm9, %%ymm9\n\tvxorps %%ymm10, %%ymm10, %%ymm10\n\tvxorps %%ymm11, %%ymm11, %%ymm11\n\t"
+      "1:\n\t"
+      "vpand (%[w]), %%ymm15, %%ymm12\n\tvpand 32(%[w]), %%ymm15, %%ymm13\n\t"
+#define JF_ROW(disp, addr, a, b)                                                               \
+      "vbroadcastss " disp addr ", %%ymm14\n\t"                                                \
+      "vfmadd231ps %%ymm12, %%ymm14, %%ymm" a "\n\tvfmadd231ps %%ymm13, %%ymm14, %%ymm" b "\n\t"
+      JF_ROW("4", "(%[x0])", "0", "1") JF_ROW("4", "(%[x0],%[s],1)", "2", "3") JF_ROW("4", "(%[x0],%[s],2)", "4", "5")
+      JF_ROW("4", "(%[x3])", "6", "7") JF_ROW("4", "(%[x3],%[s],1)", "8", "9") JF_ROW("4", "(%[x3],%[s],2)", "10", "11")
+      "vmovdqu (%[w]), %%ymm12\n\tvmovdqu 32(%[w]), %%ymm13\n\t"  // AVX2 shifts take no memory operand
+      "vpslld $16, %%ymm12, %%ymm12\n\tvpslld $16, %%ymm13, %%ymm13\n\t"
+      JF_ROW("", "(%[x0])", "0", "1") JF_ROW("", "(%[x0],%[s],1)", "2", "3") JF_ROW("", "(%[x0],%[s],2)", "4", "5")
+      JF_ROW("", "(%[x3])", "6", "7") JF_ROW("", "(%[x3],%[s],1)", "8", "9") JF_ROW("", "(%[x3],%[s],2)", "10", "11")
+#undef JF_ROW
+      "add $64, %[w]\n\tadd $8, %[x0]\n\tadd $8, %[x3]\n\tdec %[n]\n\tjnz 1b\n\t"
+      "vmovups %%ymm0, (%[o])\n\tvmovups %%ymm1, 32(%[o])\n\t"
+      "vmovups %%ymm2, (%[o],%[t],1)\n\tvmovups %%ymm3, 32(%[o],%[t],1)\n\t"
+      "vmovups %%ymm4, (%[o],%[t],2)\n\tvmovups %%ymm5, 32(%[o],%[t],2)\n\t"
+      "lea (%[o],%[t],2), %[o]\n\tadd %[t], %[o]\n\t"
+      "vmovups %%ymm6, (%[o])\n\tvmovups %%ymm7, 32(%[o])\n\t"
+      "vmovups %%ymm8, (%[o],%[t],1)\n\tvmovups %%ymm9, 32(%[o],%[t],1)\n\t"
+      "vmovups %%ymm10, (%[o],%[t],2)\n\tvmovups %%ymm11, 32(%[o],%[t],2)\n\t"
+      "vzeroupper\n\t"
+      : [w] "+r"(ws), [x0] "+r"(xs), [x3] "+r"(x3), [n] "+r"(count), [o] "+r"(o)
+      : [s] "r"(stride), [t] "r"(N * 4), [m] "r"(mask_bits)
+      : "memory", "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
+        "xmm11", "xmm12", "xmm13", "xmm14", "xmm15");
+}
+
+void RunSixRowsAsm(int M) {  // M a multiple of 6
+  for (int64_t t = 0; t < NT; ++t) {
+    for (int r0 = 0; r0 < M; r0 += 6) SixRowsAsm(x.data() + r0 * K, w + 2 * t * KP, out.data() + r0 * N + t * 16);
+  }
+}
+
 void Time(const char* name, int M, void (*run)(int)) {
   run(M);
   const bool same = std::memcmp(out.data(), expected.data(), M * N * sizeof(float)) == 0;
@@ -99,7 +146,7 @@ int main() {
     const uint32_t u = (0x3c00u + (std::rand() & 0x3ff)) << 16;
     std::memcpy(&v, &u, 4);
   }
-  for (int M : {1, 4, 8, 12}) {
+  for (int M : {1, 4, 6, 8, 12}) {
     RunKernel(M);
     expected = out;
     Time("kernel (<=4 rows x 2 regs)", M, RunKernel);
@@ -114,6 +161,7 @@ int main() {
     }
     if (M % 4 == 0) Time("4 rows x 2 regs, w outer", M, RunWide<4, 2, false>);
     if (M % 3 == 0) Time("3 rows x 4 regs, shift (12 acc)", M, RunWide<3, 4, true>);
+    if (M % 6 == 0) Time("6 rows x 2 regs, asm (12 acc)", M, RunSixRowsAsm);
   }
   return 0;
 }
