@@ -100,7 +100,9 @@ class MRDecoder(BlockDecoder):
              capacity: int) -> MRState:
         b = start_blocks(params, self.cfg, self.block_size, self.sampling, prompts, prompt_lens, keys, sample_keys,
                          eos_ids, out_capacity, capacity, self.prefill_width)
-        return self._first_state(b, prompts, prompt_lens, max_new, eos_ids)
+        # the cache joins the state outside the state's program, which would otherwise copy it
+        state = self._first_state(b._replace(cache=None), prompts, prompt_lens, max_new, eos_ids)
+        return dataclasses.replace(state, cache=b.cache)
 
     @decode_jit(static_argnums=0)
     def _first_state(self, b, prompts, prompt_lens, max_new, eos_ids) -> MRState:
