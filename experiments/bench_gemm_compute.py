@@ -1,7 +1,8 @@
 """The arithmetic rate of the bf16 GEMM kernel that runs here, with no memory stream: a 576 x 1536 weight (1.8 MB,
 held in cache) multiplied by 1-16 rows, 50 products per compiled program, medians of 20 programs. Beside the
 machine's FMA peak (``experiments/fma_peak.c``: gcc -O2 -mavx2 -mfma -pthread experiments/fma_peak.c -o /tmp/fma &&
-/tmp/fma), it says whether the kernel's multi-row products are bound by arithmetic or by issuing instructions.
+/tmp/fma, which also gives the rate by the number of accumulator chains), it says how far the kernel's multi-row
+products are from what the machine's FMAs allow.
 
     python experiments/bench_gemm_compute.py [--rows 1,4,8,16] [--json OUT]
 """

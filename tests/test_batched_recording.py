@@ -14,7 +14,6 @@ from jf_jax.decoding.batch_recording import record_batch
 from jf_jax.decoding.common import GenerationError
 from jf_jax.decoding.shapes import DecodeShape
 from jf_jax.decoding.recording import record_trajectories
-from jf_jax.model.cached_attention import CHUNK
 from tests.support.decoding_models import CFG, VOCAB, ar_tokens, random_params
 
 PROMPTS = [[4, 8, 15, 16, 23, 42], [1, 2], [7] * 11, [3, 9, 27, 81 % VOCAB, 5, 5, 5, 2, 1]]
@@ -84,8 +83,8 @@ def test_every_forward_of_the_padded_recorder_has_one_shape(monkeypatch):
     shape = DecodeShape(1, 8)
     got = record_batch(params, cfg, PROMPTS, block_size=4, max_new_tokens=20, batch_size=2, decode_shape=shape)
     assert max(len(r.blocks) for r in got) > 2  # later blocks were resumed from the AR cache
-    prompt_bucket, out_bucket = 16, 32
-    capacity = -(-(prompt_bucket + out_bucket + shape.width) // CHUNK) * CHUNK  # whole attention chunks
+    prompt_bucket = 16
+    capacity = 64  # prompt bucket 16 + output bucket 32 + the width 8, rounded up to a whole 64-slot attention chunk
     assert set(traced) == {((2, prompt_bucket + shape.width), capacity, True), ((2, shape.width), capacity, True)}
 
 
