@@ -26,8 +26,13 @@ using jf_cpu::kTile;
 using jf_cpu::kMaxRows;
 
 using RowBlockFn = void (*)(const float*, int64_t, const __m256i*, int64_t, float*, int64_t);
-constexpr RowBlockFn kRowBlocks[kMaxRows + 1] = {nullptr, jf_cpu::Avx2RowBlock<1>, jf_cpu::Avx2RowBlock<2>,
-                                                 jf_cpu::Avx2RowBlock<3>, jf_cpu::Avx2RowBlock<4>};
+// By row count; the first row block of a tile prefetches the weight ahead of it, the others find it in cache.
+constexpr RowBlockFn kFirstRowBlocks[kMaxRows + 1] = {
+    nullptr, jf_cpu::Avx2RowBlock<1, true>, jf_cpu::Avx2RowBlock<2, true>, jf_cpu::Avx2RowBlock<3, true>,
+    jf_cpu::Avx2RowBlock<4, true>};
+constexpr RowBlockFn kLaterRowBlocks[kMaxRows + 1] = {
+    nullptr, jf_cpu::Avx2RowBlock<1, false>, jf_cpu::Avx2RowBlock<2, false>, jf_cpu::Avx2RowBlock<3, false>,
+    jf_cpu::Avx2RowBlock<4, false>};
 
 struct Gemm {
   const float* x;
@@ -43,7 +48,7 @@ void RunTiles(const Gemm& g, int64_t t0, int64_t t1) {
     const __m256i* w = g.w + 2 * t * g.KP;
     for (int64_t r0 = 0; r0 < g.M; r0 += kMaxRows) {
       const int64_t rows = g.M - r0 < kMaxRows ? g.M - r0 : kMaxRows;
-      kRowBlocks[rows](g.x + r0 * g.K, g.K, w, g.KP, g.out + r0 * g.N + t * kTile, g.N);
+      (r0 == 0 ? kFirstRowBlocks : kLaterRowBlocks)[rows](g.x + r0 * g.K, g.K, w, g.KP, g.out + r0 * g.N + t * kTile, g.N);
     }
   }
 }

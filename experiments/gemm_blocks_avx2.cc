@@ -4,14 +4,18 @@
 // 8 columns (R * C accumulators) that convert each weight register once and FMA it into every row. Every block
 // does each output lane's arithmetic in the kernel's order (k pairs in order, the odd k first), so all give the
 // same bits (checked). "shift" converts the odd k with two shifts instead of a mask, which frees a register.
-//   g++ -O2 -mavx2 -mfma -std=c++17 experiments/gemm_blocks_avx2.cc -o /tmp/gb && /tmp/gb
+// With "stream": the kernel's block with and without its prefetch, and the 4-row x 24-column one, over a
+// model-sized weight on two threads.
+//   g++ -O2 -mavx2 -mfma -std=c++17 -pthread experiments/gemm_blocks_avx2.cc -o /tmp/gb && /tmp/gb [stream]
 #include <immintrin.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "../cpu_kernels/bf16_gemm_avx2_block.h"  // the kernel's own block
@@ -61,10 +65,10 @@ void RunKernel(int M) {
       const float* xs = x.data() + r0 * K;
       float* o = out.data() + r0 * N + t * 16;
       switch (M - r0 < 4 ? M - r0 : 4) {
-        case 1: jf_cpu::Avx2RowBlock<1>(xs, K, w + 2 * t * KP, KP, o, N); break;
-        case 2: jf_cpu::Avx2RowBlock<2>(xs, K, w + 2 * t * KP, KP, o, N); break;
-        case 3: jf_cpu::Avx2RowBlock<3>(xs, K, w + 2 * t * KP, KP, o, N); break;
-        default: jf_cpu::Avx2RowBlock<4>(xs, K, w + 2 * t * KP, KP, o, N);
+        case 1: jf_cpu::Avx2RowBlock<1, false>(xs, K, w + 2 * t * KP, KP, o, N); break;
+        case 2: jf_cpu::Avx2RowBlock<2, false>(xs, K, w + 2 * t * KP, KP, o, N); break;
+        case 3: jf_cpu::Avx2RowBlock<3, false>(xs, K, w + 2 * t * KP, KP, o, N); break;
+        default: jf_cpu::Avx2RowBlock<4, false>(xs, K, w + 2 * t * KP, KP, o, N);
       }
     }
   }
@@ -124,6 +128,145 @@ void RunSixRowsAsm(int M) {  // M a multiple of 6
   }
 }
 
+// Four rows x 24 columns (three 8-column registers, which may lie in two slabs: ``w0``, ``w1``, ``w2`` point at
+// each register's first k pair, and every register steps 64 bytes per pair), with twelve accumulators: one FMA
+// chain per accumulator, so a block needs about twelve to keep the FMA units busy, and the kernel's four-row block
+// has eight. Twelve accumulators, three weights and a broadcast are all sixteen AVX2 registers, which a compiler
+// cannot keep without spilling, so the registers are allocated by hand: accumulators ymm0-11 (row r, register c
+// in ymm(3r + c)), weights ymm12-14, the broadcast ymm15; the odd-k mask is read from memory. Each output lane's
+// arithmetic is the kernel block's: the same FMAs in the same order, the same bits.
+void FourRowsBy24Asm(const float* xs, const __m256i* w0, const __m256i* w1, const __m256i* w2, float* o,
+                     int64_t n_out = N) {
+  alignas(32) static const int32_t odd_mask[8] = {-65536, -65536, -65536, -65536, -65536, -65536, -65536, -65536};
+  const int64_t x_stride = K * 4, out_stride = n_out * 4;
+  const float* x3 = xs + 3 * K;
+  int64_t pairs = KP;
+  asm volatile(
+      "vxorps %%ymm0, %%ymm0, %%ymm0\n\tvxorps %%ymm1, %%ymm1, %%ymm1\n\tvxorps %%ymm2, %%ymm2, %%ymm2\n\t"
+      "vxorps %%ymm3, %%ymm3, %%ymm3\n\tvxorps %%ymm4, %%ymm4, %%ymm4\n\tvxorps %%ymm5, %%ymm5, %%ymm5\n\t"
+      "vxorps %%ymm6, %%ymm6, %%ymm6\n\tvxorps %%ymm7, %%ymm7, %%ymm7\n\tvxorps %%ymm8, %%ymm8, %%ymm8\n\t"
+      "vxorps %%ymm9, %%ymm9, %%ymm9\n\tvxorps %%ymm10, %%ymm10, %%ymm10\n\tvxorps %%ymm11, %%ymm11, %%ymm11\n\t"
+      "1:\n\t"
+      // the odd k of the pair: the high half of each 32-bit lane
+      "vmovdqu (%[w0]), %%ymm12\n\tvpand (%[m]), %%ymm12, %%ymm12\n\t"
+      "vmovdqu (%[w1]), %%ymm13\n\tvpand (%[m]), %%ymm13, %%ymm13\n\t"
+      "vmovdqu (%[w2]), %%ymm14\n\tvpand (%[m]), %%ymm14, %%ymm14\n\t"
+#define JF_ROW(disp, addr, a, b, c)                                                                  \
+      "vbroadcastss " disp addr ", %%ymm15\n\t"                                                      \
+      "vfmadd231ps %%ymm12, %%ymm15, %%ymm" a "\n\tvfmadd231ps %%ymm13, %%ymm15, %%ymm" b "\n\t"    \
+      "vfmadd231ps %%ymm14, %%ymm15, %%ymm" c "\n\t"
+      JF_ROW("4", "(%[x0])", "0", "1", "2") JF_ROW("4", "(%[x0],%[xs],1)", "3", "4", "5")
+      JF_ROW("4", "(%[x0],%[xs],2)", "6", "7", "8") JF_ROW("4", "(%[x3])", "9", "10", "11")
+      // the even k: the low half, shifted up (AVX2's immediate shifts take no memory operand)
+      "vmovdqu (%[w0]), %%ymm12\n\tvpslld $16, %%ymm12, %%ymm12\n\t"
+      "vmovdqu (%[w1]), %%ymm13\n\tvpslld $16, %%ymm13, %%ymm13\n\t"
+      "vmovdqu (%[w2]), %%ymm14\n\tvpslld $16, %%ymm14, %%ymm14\n\t"
+      JF_ROW("", "(%[x0])", "0", "1", "2") JF_ROW("", "(%[x0],%[xs],1)", "3", "4", "5")
+      JF_ROW("", "(%[x0],%[xs],2)", "6", "7", "8") JF_ROW("", "(%[x3])", "9", "10", "11")
+#undef JF_ROW
+      "add $64, %[w0]\n\tadd $64, %[w1]\n\tadd $64, %[w2]\n\tadd $8, %[x0]\n\tadd $8, %[x3]\n\t"
+      "dec %[n]\n\tjnz 1b\n\t"
+      "vmovups %%ymm0, (%[o])\n\tvmovups %%ymm1, 32(%[o])\n\tvmovups %%ymm2, 64(%[o])\n\t"
+      "add %[os], %[o]\n\t"
+      "vmovups %%ymm3, (%[o])\n\tvmovups %%ymm4, 32(%[o])\n\tvmovups %%ymm5, 64(%[o])\n\t"
+      "add %[os], %[o]\n\t"
+      "vmovups %%ymm6, (%[o])\n\tvmovups %%ymm7, 32(%[o])\n\tvmovups %%ymm8, 64(%[o])\n\t"
+      "add %[os], %[o]\n\t"
+      "vmovups %%ymm9, (%[o])\n\tvmovups %%ymm10, 32(%[o])\n\tvmovups %%ymm11, 64(%[o])\n\t"
+      "vzeroupper\n\t"
+      : [w0] "+r"(w0), [w1] "+r"(w1), [w2] "+r"(w2), [x0] "+r"(xs), [x3] "+r"(x3), [n] "+r"(pairs), [o] "+r"(o)
+      : [xs] "r"(x_stride), [os] "r"(out_stride), [m] "r"(odd_mask)
+      : "memory", "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
+        "xmm11", "xmm12", "xmm13", "xmm14", "xmm15");
+}
+
+
+void RunFourBy24(int M) {  // M a multiple of 4; NT a multiple of 3
+  for (int64_t t = 0; t < NT; t += 3) {
+    const __m256i* s = w + 2 * t * KP;  // slabs t, t + 1, t + 2: registers 0-5 of 8 columns
+    for (int r0 = 0; r0 < M; r0 += 4) {
+      const float* xs = x.data() + r0 * K;
+      float* o = out.data() + r0 * N + t * 16;
+      FourRowsBy24Asm(xs, s, s + 1, s + 2 * KP, o);
+      FourRowsBy24Asm(xs, s + 2 * KP + 1, s + 4 * KP, s + 4 * KP + 1, o + 24);
+    }
+  }
+}
+
+// The same two blocks streaming a model-sized weight from memory, as a forward does: 576 x 234,240 bf16 (270 MB,
+// SmolLM2-135M's weights), split in two halves of slabs over two threads. What a forward of M tokens costs in
+// weight products against a one-token step.
+constexpr int64_t kStreamTiles = 14640, kStreamN = kStreamTiles * 16;
+const __m256i* stream_w;
+std::vector<float> stream_out(16 * kStreamN);
+
+enum class Streamer { kNoPrefetch, kKernel, kFourBy24 };
+const char* const kStreamerNames[] = {"kernel block, no prefetch", "kernel (first block prefetches)",
+                                      "4 rows x 3 regs, asm"};
+
+template <bool prefetch>
+void KernelRowBlock(int rows, const float* xs, const __m256i* s, float* o) {
+  switch (rows) {
+    case 1: jf_cpu::Avx2RowBlock<1, prefetch>(xs, K, s, KP, o, kStreamN); break;
+    case 2: jf_cpu::Avx2RowBlock<2, prefetch>(xs, K, s, KP, o, kStreamN); break;
+    case 3: jf_cpu::Avx2RowBlock<3, prefetch>(xs, K, s, KP, o, kStreamN); break;
+    default: jf_cpu::Avx2RowBlock<4, prefetch>(xs, K, s, KP, o, kStreamN);
+  }
+}
+
+void StreamTiles(Streamer how, int M, int64_t t0, int64_t t1) {
+  if (how == Streamer::kFourBy24 && M % 4 == 0) {
+    for (; t0 + 3 <= t1; t0 += 3) {
+      const __m256i* s = stream_w + 2 * t0 * KP;
+      for (int r0 = 0; r0 < M; r0 += 4) {
+        const float* xs = x.data() + r0 * K;
+        float* o = stream_out.data() + r0 * kStreamN + t0 * 16;
+        FourRowsBy24Asm(xs, s, s + 1, s + 2 * KP, o, kStreamN);
+        FourRowsBy24Asm(xs, s + 2 * KP + 1, s + 4 * KP, s + 4 * KP + 1, o + 24, kStreamN);
+      }
+    }
+  }
+  for (int64_t t = t0; t < t1; ++t) {
+    for (int r0 = 0; r0 < M; r0 += 4) {
+      const int rows = M - r0 < 4 ? M - r0 : 4;
+      const float* xs = x.data() + r0 * K;
+      const __m256i* s = stream_w + 2 * t * KP;
+      float* o = stream_out.data() + r0 * kStreamN + t * 16;
+      if (how == Streamer::kKernel && r0 == 0) {
+        KernelRowBlock<true>(rows, xs, s, o);
+      } else {
+        KernelRowBlock<false>(rows, xs, s, o);
+      }
+    }
+  }
+}
+
+double StreamOnce(Streamer how, int M) {
+  const auto start = std::chrono::steady_clock::now();
+  std::thread helper([=] { StreamTiles(how, M, kStreamTiles / 2, kStreamTiles); });
+  StreamTiles(how, M, 0, kStreamTiles / 2);
+  helper.join();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+void Stream() {
+  auto* bits = static_cast<uint16_t*>(std::aligned_alloc(64, kStreamN * K * 2));
+  for (int64_t i = 0; i < kStreamN * K; ++i) bits[i] = 0x3c00 + ((i * 7) & 0x3ff);
+  stream_w = reinterpret_cast<const __m256i*>(bits);
+  for (int round = 0; round < 3; ++round) {  // the blocks alternate, so drift hits all alike
+    for (int M : {1, 4, 8, 16}) {
+      for (Streamer how : {Streamer::kNoPrefetch, Streamer::kKernel, Streamer::kFourBy24}) {
+        if (how == Streamer::kFourBy24 && M % 4) continue;
+        std::vector<double> times;
+        for (int i = 0; i < 15; ++i) times.push_back(StreamOnce(how, M));
+        std::sort(times.begin(), times.end());
+        std::printf("stream, round %d, %2d rows, %-31s median %6.2f ms (%4.1f GB/s)\n", round, M,
+                    kStreamerNames[static_cast<int>(how)], times[7] * 1e3, kStreamN * K * 2 / times[7] / 1e9);
+      }
+    }
+  }
+}
+
 void Time(const char* name, int M, void (*run)(int)) {
   run(M);
   const bool same = std::memcmp(out.data(), expected.data(), M * N * sizeof(float)) == 0;
@@ -137,7 +280,11 @@ void Time(const char* name, int M, void (*run)(int)) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "stream") == 0) {
+    Stream();
+    return 0;
+  }
   auto* bits = static_cast<uint16_t*>(std::aligned_alloc(64, N * K * 2));
   std::srand(1);
   for (int64_t i = 0; i < N * K; ++i) bits[i] = 0x3c00 + (std::rand() & 0x3ff) + ((std::rand() & 1) << 15);
@@ -162,6 +309,7 @@ int main() {
     if (M % 4 == 0) Time("4 rows x 2 regs, w outer", M, RunWide<4, 2, false>);
     if (M % 3 == 0) Time("3 rows x 4 regs, shift (12 acc)", M, RunWide<3, 4, true>);
     if (M % 6 == 0) Time("6 rows x 2 regs, asm (12 acc)", M, RunSixRowsAsm);
+    if (M % 4 == 0) Time("4 rows x 3 regs, asm (12 acc)", M, RunFourBy24);
   }
   return 0;
 }
