@@ -28,7 +28,11 @@ NUM_BLOCKS = 1  # K of the grid: 1 = Jacobi with recycling (parallel tokens n * 
 def measure_latency(params, cfg, sizes: Sequence[int] = LATENCY_SIZES, *, context: int = 128, repeats: int = 5,
                     progress=None) -> roofline.MeasuredCurve:
     """Median seconds of one cached forward (+ float32 logits and argmax, as the decoders do) of ``t`` tokens
-    over ``context`` committed slots, for each ``t`` in ``sizes`` (one compiled program per size)."""
+    over ``context`` committed slots, for each ``t`` in ``sizes`` (one compiled program per size).
+
+    Every size is compiled first; then each repeat times every size once, in turn, so when the machine's speed
+    drifts during the measurement (a shared machine's often does) every size sees the same drift, and the curve's
+    shape (the ratios the tuner and the doctor read) does not depend on when each size happened to run."""
     import jax
     import jax.numpy as jnp
 
@@ -45,22 +49,22 @@ def measure_latency(params, cfg, sizes: Sequence[int] = LATENCY_SIZES, *, contex
         hidden, cache = forward(params, cfg, tokens, cache=cache)
         return greedy(logits(params, cfg, hidden)), cache
 
-    medians = []
+    inputs = {}
     for t in sizes:
         if progress is not None:
             progress.set_postfix_str(f"latency t={t}")
         cache = KVCache.init(cfg, 1, context + t).with_lengths(context)
-        tokens = (jnp.arange(t, dtype=jnp.int32) * 7919 % cfg.vocab_size)[None]
-        jax.block_until_ready(step(params, tokens, cache))  # compile + warm up
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            jax.block_until_ready(step(params, tokens, cache))
-            times.append(time.perf_counter() - start)
-        medians.append(statistics.median(times))
+        inputs[t] = ((jnp.arange(t, dtype=jnp.int32) * 7919 % cfg.vocab_size)[None], cache)
+        jax.block_until_ready(step(params, *inputs[t]))  # compile + warm up
         if progress is not None:
             progress.update()
-    return roofline.MeasuredCurve(tuple(int(t) for t in sizes), tuple(medians))
+    times = {t: [] for t in sizes}
+    for _ in range(repeats):
+        for t in sizes:
+            start = time.perf_counter()
+            jax.block_until_ready(step(params, *inputs[t]))
+            times[t].append(time.perf_counter() - start)
+    return roofline.MeasuredCurve(tuple(int(t) for t in sizes), tuple(statistics.median(times[t]) for t in sizes))
 
 
 def read_bandwidth_gbs(size_bytes: int = 1 << 30, threads: int = 2, repeats: int = 5) -> float:
