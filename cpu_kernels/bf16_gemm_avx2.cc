@@ -48,7 +48,8 @@ void RunTiles(const Gemm& g, int64_t t0, int64_t t1) {
     const __m256i* w = g.w + 2 * t * g.KP;
     for (int64_t r0 = 0; r0 < g.M; r0 += kMaxRows) {
       const int64_t rows = g.M - r0 < kMaxRows ? g.M - r0 : kMaxRows;
-      (r0 == 0 ? kFirstRowBlocks : kLaterRowBlocks)[rows](g.x + r0 * g.K, g.K, w, g.KP, g.out + r0 * g.N + t * kTile, g.N);
+      const RowBlockFn block = (r0 == 0 ? kFirstRowBlocks : kLaterRowBlocks)[rows];
+      block(g.x + r0 * g.K, g.K, w, g.KP, g.out + r0 * g.N + t * kTile, g.N);
     }
   }
 }
