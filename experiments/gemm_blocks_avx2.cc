@@ -59,17 +59,22 @@ void WideBlock(const float* xs, const __m256i* ws, float* o) {
   STORE(0) STORE(1) STORE(2) STORE(3)
 }
 
+// The kernel's block for ``rows`` (1-4) rows of x against the slab at ``s``, into an output of ``n_out`` columns.
+template <bool prefetch>
+void KernelRowBlock(int rows, const float* xs, const __m256i* s, float* o, int64_t n_out) {
+  switch (rows) {
+    case 1: jf_cpu::Avx2RowBlock<1, prefetch>(xs, K, s, KP, o, n_out); break;
+    case 2: jf_cpu::Avx2RowBlock<2, prefetch>(xs, K, s, KP, o, n_out); break;
+    case 3: jf_cpu::Avx2RowBlock<3, prefetch>(xs, K, s, KP, o, n_out); break;
+    default: jf_cpu::Avx2RowBlock<4, prefetch>(xs, K, s, KP, o, n_out);
+  }
+}
+
 void RunKernel(int M) {
   for (int64_t t = 0; t < NT; ++t) {
     for (int r0 = 0; r0 < M; r0 += 4) {
-      const float* xs = x.data() + r0 * K;
-      float* o = out.data() + r0 * N + t * 16;
-      switch (M - r0 < 4 ? M - r0 : 4) {
-        case 1: jf_cpu::Avx2RowBlock<1, false>(xs, K, w + 2 * t * KP, KP, o, N); break;
-        case 2: jf_cpu::Avx2RowBlock<2, false>(xs, K, w + 2 * t * KP, KP, o, N); break;
-        case 3: jf_cpu::Avx2RowBlock<3, false>(xs, K, w + 2 * t * KP, KP, o, N); break;
-        default: jf_cpu::Avx2RowBlock<4, false>(xs, K, w + 2 * t * KP, KP, o, N);
-      }
+      const int rows = M - r0 < 4 ? M - r0 : 4;
+      KernelRowBlock<false>(rows, x.data() + r0 * K, w + 2 * t * KP, out.data() + r0 * N + t * 16, N);
     }
   }
 }
@@ -136,7 +141,7 @@ void RunSixRowsAsm(int M) {  // M a multiple of 6
 // in ymm(3r + c)), weights ymm12-14, the broadcast ymm15; the odd-k mask is read from memory. Each output lane's
 // arithmetic is the kernel block's: the same FMAs in the same order, the same bits.
 void FourRowsBy24Asm(const float* xs, const __m256i* w0, const __m256i* w1, const __m256i* w2, float* o,
-                     int64_t n_out = N) {
+                     int64_t n_out) {
   alignas(32) static const int32_t odd_mask[8] = {-65536, -65536, -65536, -65536, -65536, -65536, -65536, -65536};
   const int64_t x_stride = K * 4, out_stride = n_out * 4;
   const float* x3 = xs + 3 * K;
@@ -181,14 +186,16 @@ void FourRowsBy24Asm(const float* xs, const __m256i* w0, const __m256i* w1, cons
 }
 
 
+// Four rows against three slabs from ``s`` (48 columns: registers 0-5 of 8 columns), as two 24-column blocks.
+void FourRowsByThreeSlabs(const float* xs, const __m256i* s, float* o, int64_t n_out) {
+  FourRowsBy24Asm(xs, s, s + 1, s + 2 * KP, o, n_out);
+  FourRowsBy24Asm(xs, s + 2 * KP + 1, s + 4 * KP, s + 4 * KP + 1, o + 24, n_out);
+}
+
 void RunFourBy24(int M) {  // M a multiple of 4; NT a multiple of 3
   for (int64_t t = 0; t < NT; t += 3) {
-    const __m256i* s = w + 2 * t * KP;  // slabs t, t + 1, t + 2: registers 0-5 of 8 columns
     for (int r0 = 0; r0 < M; r0 += 4) {
-      const float* xs = x.data() + r0 * K;
-      float* o = out.data() + r0 * N + t * 16;
-      FourRowsBy24Asm(xs, s, s + 1, s + 2 * KP, o);
-      FourRowsBy24Asm(xs, s + 2 * KP + 1, s + 4 * KP, s + 4 * KP + 1, o + 24);
+      FourRowsByThreeSlabs(x.data() + r0 * K, w + 2 * t * KP, out.data() + r0 * N + t * 16, N);
     }
   }
 }
@@ -204,25 +211,12 @@ enum class Streamer { kNoPrefetch, kKernel, kFourBy24 };
 const char* const kStreamerNames[] = {"kernel block, no prefetch", "kernel (first block prefetches)",
                                       "4 rows x 3 regs, asm"};
 
-template <bool prefetch>
-void KernelRowBlock(int rows, const float* xs, const __m256i* s, float* o) {
-  switch (rows) {
-    case 1: jf_cpu::Avx2RowBlock<1, prefetch>(xs, K, s, KP, o, kStreamN); break;
-    case 2: jf_cpu::Avx2RowBlock<2, prefetch>(xs, K, s, KP, o, kStreamN); break;
-    case 3: jf_cpu::Avx2RowBlock<3, prefetch>(xs, K, s, KP, o, kStreamN); break;
-    default: jf_cpu::Avx2RowBlock<4, prefetch>(xs, K, s, KP, o, kStreamN);
-  }
-}
-
 void StreamTiles(Streamer how, int M, int64_t t0, int64_t t1) {
   if (how == Streamer::kFourBy24 && M % 4 == 0) {
     for (; t0 + 3 <= t1; t0 += 3) {
-      const __m256i* s = stream_w + 2 * t0 * KP;
       for (int r0 = 0; r0 < M; r0 += 4) {
-        const float* xs = x.data() + r0 * K;
-        float* o = stream_out.data() + r0 * kStreamN + t0 * 16;
-        FourRowsBy24Asm(xs, s, s + 1, s + 2 * KP, o, kStreamN);
-        FourRowsBy24Asm(xs, s + 2 * KP + 1, s + 4 * KP, s + 4 * KP + 1, o + 24, kStreamN);
+        FourRowsByThreeSlabs(x.data() + r0 * K, stream_w + 2 * t0 * KP, stream_out.data() + r0 * kStreamN + t0 * 16,
+                             kStreamN);
       }
     }
   }
@@ -233,9 +227,9 @@ void StreamTiles(Streamer how, int M, int64_t t0, int64_t t1) {
       const __m256i* s = stream_w + 2 * t * KP;
       float* o = stream_out.data() + r0 * kStreamN + t * 16;
       if (how == Streamer::kKernel && r0 == 0) {
-        KernelRowBlock<true>(rows, xs, s, o);
+        KernelRowBlock<true>(rows, xs, s, o, kStreamN);
       } else {
-        KernelRowBlock<false>(rows, xs, s, o);
+        KernelRowBlock<false>(rows, xs, s, o, kStreamN);
       }
     }
   }
