@@ -3,14 +3,15 @@
 
 Their plain-JAX twin, with the same semantics, is ``jf_jax.model.cached_attention`` (which calls a kernel when one
 runs here); each agrees with it to float32 rounding and is batch-invariant on its own (they differ from each other
-in their block of keys, 16 and 8), so a process uses one of them for every decoder and AR == Jacobi holds bitwise
-in each.
+in their blocks of keys, 16 and 8, and in their sums), so a process uses one of them for every decoder and AR ==
+Jacobi holds bitwise in each.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from cpu_kernels import library
 
@@ -34,11 +35,12 @@ def supports(head_dim: int, dtype) -> bool:
     return head_dim % 32 == 0 and jnp.dtype(dtype) in TARGETS[library.AVX512.name]
 
 
-def decode_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths, *,
+def decode_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths, *, layer: int | None = None,
                      kernel: library.KernelSet | None = None):
     """q [B, T, H, Dh]; k_new, v_new [B, T, K, Dh]; new_valid [B, T]; cache_k, cache_v [Bc, S, K, Dh] (Bc divides
-    B: query row b reads cache row b // (B // Bc)); lengths [Bc]. Returns float32 [B, T, H, Dh] (zeros for
-    invalid queries). ``kernel``: the set whose kernel runs (default: ``kernel_set()``)."""
+    B: query row b reads cache row b // (B // Bc)), or with ``layer`` every layer's [L, Bc, S, K, Dh] of which
+    layer ``layer`` is read (in place: a slice would be a copy per call); lengths [Bc]. Returns float32
+    [B, T, H, Dh] (zeros for invalid queries). ``kernel``: the set whose kernel runs (default: ``kernel_set()``)."""
     kernel = kernel or kernel_set()
     if kernel is None or kernel.name not in TARGETS or not library.available(kernel):
         reasons = "; ".join(f"{s.name}: {library.unavailable_reason(s)}" for s in ([kernel] if kernel else SETS))
@@ -48,8 +50,13 @@ def decode_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths, *,
         raise ValueError(f"decode_attention needs a head_dim multiple of 32 and one of "
                          f"{sorted(map(str, TARGETS[kernel.name]))}, "
                          f"got head_dim {q.shape[-1]} and {dtype}")
+    if layer is None:
+        cache_k, cache_v, layer = cache_k[None], cache_v[None], 0
+    elif cache_k.ndim != 5 or not 0 <= layer < cache_k.shape[0]:
+        raise ValueError(f"decode_attention: layer {layer} of a cache shaped {cache_k.shape} (expected "
+                         f"[L, Bc, S, K, Dh] with 0 <= layer < L)")
     args = [x.astype(dtype) for x in (q, k_new, v_new)]
     cache = [x.astype(dtype) for x in (cache_k, cache_v)]
     out = jax.ShapeDtypeStruct(q.shape, jnp.float32)
     return jax.ffi.ffi_call(TARGETS[kernel.name][dtype], out, vmap_method="sequential")(
-        *args, jnp.asarray(new_valid, jnp.int32), *cache, jnp.asarray(lengths, jnp.int32))
+        *args, jnp.asarray(new_valid, jnp.int32), *cache, jnp.asarray(lengths, jnp.int32), layer=np.int64(layer))

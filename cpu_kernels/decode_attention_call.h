@@ -2,6 +2,10 @@
 // AVX2): their arguments and how a query row's tokens, keys and values are found in them, the checks on them, the
 // split of a call into work items over XLA's intra-op pool (one per query row, kv head and run of tokens; an item's
 // arithmetic never depends on which thread runs it or on the other items), and their binding.
+//
+// The cache arguments are every layer's cache, [L, Bc, S, K, Dh], and the ``layer`` attribute picks the one read:
+// a call on the decode loop's whole cache buffer then reads it where it lies, where a per-layer slice would be
+// copied into a buffer of its own on every call (a whole cache's worth of copies per step).
 #pragma once
 
 #include <cstdint>
@@ -14,7 +18,7 @@ namespace jf_cpu {
 
 template <typename E>
 struct AttentionArgs {
-  const E *q, *k_new, *v_new, *cache_k, *cache_v;
+  const E *q, *k_new, *v_new, *cache_k, *cache_v;  // cache_k, cache_v: the layer read, [Bc, S, K, Dh]
   const int32_t *valid, *lengths;
   float* out;
   int64_t B, T, H, K, Dh, Bc, S;
@@ -36,7 +40,7 @@ struct AttentionArgs {
     return last;
   }
 
-  // The key and value rows of key j on kv head kh for query row b (cache row cb, holding len): the cache's for
+  // The key and value rows of key j on kv head kh for query row b (cache row cb of the layer read, holding len): the cache's for
   // j < len, the row's own new token j - len's when it is valid, none (nullptr) otherwise.
   void KeyValue(int64_t b, int64_t cb, int64_t kh, int64_t len, int64_t j, const E** ks, const E** vs) const {
     *ks = *vs = nullptr;
@@ -57,15 +61,21 @@ xla::ffi::Error RunAttention(const char* name, int64_t tokens_per_item, xla::ffi
                              xla::ffi::Buffer<DT> q, xla::ffi::Buffer<DT> k_new, xla::ffi::Buffer<DT> v_new,
                              xla::ffi::Buffer<xla::ffi::S32> valid, xla::ffi::Buffer<DT> cache_k,
                              xla::ffi::Buffer<DT> cache_v, xla::ffi::Buffer<xla::ffi::S32> lengths,
-                             xla::ffi::ResultBuffer<xla::ffi::F32> out, Item item) {
+                             xla::ffi::ResultBuffer<xla::ffi::F32> out, int64_t layer, Item item) {
   auto qd = q.dimensions(), cd = cache_k.dimensions();
-  if (qd.size() != 4 || cd.size() != 4 || k_new.dimensions().size() != 4) {
-    return xla::ffi::Error::InvalidArgument(std::string(name) + ": q, k_new and the cache must be rank 4");
+  if (qd.size() != 4 || cd.size() != 5 || k_new.dimensions().size() != 4) {
+    return xla::ffi::Error::InvalidArgument(std::string(name) + ": q and k_new must be rank 4, the caches rank 5");
   }
+  if (layer < 0 || layer >= cd[0]) {
+    return xla::ffi::Error::InvalidArgument(std::string(name) + ": layer " + std::to_string(layer) +
+                                            " is not one of the cache's " + std::to_string(cd[0]));
+  }
+  const int64_t layer_offset = layer * cd[1] * cd[2] * cd[3] * cd[4];
   AttentionArgs<E> a{reinterpret_cast<const E*>(q.typed_data()), reinterpret_cast<const E*>(k_new.typed_data()),
-                     reinterpret_cast<const E*>(v_new.typed_data()), reinterpret_cast<const E*>(cache_k.typed_data()),
-                     reinterpret_cast<const E*>(cache_v.typed_data()), valid.typed_data(), lengths.typed_data(),
-                     out->typed_data(), qd[0], qd[1], qd[2], cd[2], qd[3], cd[0], cd[1]};
+                     reinterpret_cast<const E*>(v_new.typed_data()),
+                     reinterpret_cast<const E*>(cache_k.typed_data()) + layer_offset,
+                     reinterpret_cast<const E*>(cache_v.typed_data()) + layer_offset, valid.typed_data(),
+                     lengths.typed_data(), out->typed_data(), qd[0], qd[1], qd[2], cd[3], qd[3], cd[1], cd[2]};
   if (a.Dh % 32 || a.H % a.K || a.Bc < 1 || a.B % a.Bc) {
     return xla::ffi::Error::InvalidArgument(std::string(name) + ": head_dim must be a multiple of 32, heads a "
                                             "multiple of kv heads, and the query rows a multiple of the cache rows");
@@ -85,8 +95,8 @@ xla::ffi::Error RunAttention(const char* name, int64_t tokens_per_item, xla::ffi
 #define JF_ATTENTION_SIGNATURE(DT)                                                                              \
   xla::ffi::ThreadPool pool, xla::ffi::Buffer<DT> q, xla::ffi::Buffer<DT> k_new, xla::ffi::Buffer<DT> v_new,   \
       xla::ffi::Buffer<xla::ffi::S32> valid, xla::ffi::Buffer<DT> cache_k, xla::ffi::Buffer<DT> cache_v,       \
-      xla::ffi::Buffer<xla::ffi::S32> lengths, xla::ffi::ResultBuffer<xla::ffi::F32> out
-#define JF_ATTENTION_ARGUMENTS pool, q, k_new, v_new, valid, cache_k, cache_v, lengths, out
+      xla::ffi::Buffer<xla::ffi::S32> lengths, xla::ffi::ResultBuffer<xla::ffi::F32> out, int64_t layer
+#define JF_ATTENTION_ARGUMENTS pool, q, k_new, v_new, valid, cache_k, cache_v, lengths, out, layer
 
 #define JF_ATTENTION_BINDING(DT)                 \
   xla::ffi::Ffi::Bind()                          \
@@ -98,4 +108,5 @@ xla::ffi::Error RunAttention(const char* name, int64_t tokens_per_item, xla::ffi
       .Arg<xla::ffi::Buffer<DT>>()               \
       .Arg<xla::ffi::Buffer<DT>>()               \
       .Arg<xla::ffi::Buffer<xla::ffi::S32>>()    \
-      .Ret<xla::ffi::Buffer<xla::ffi::F32>>()
+      .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    \
+      .Attr<int64_t>("layer")

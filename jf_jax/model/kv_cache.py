@@ -56,15 +56,15 @@ class KVCache:
         The caller guarantees ``lengths + T <= capacity`` (decoders size the cache for the prompt bucket,
         the new tokens and one block); ``dynamic_update_slice`` would otherwise clamp the start silently.
         """
-        k_block = k_block.astype(self.k.dtype)
-        v_block = v_block.astype(self.v.dtype)
+        def write_rows(cache, block):  # [L, B, S, K, Dh], [L, B, T, K, Dh]
+            # One update per row of the whole array, not a vmapped one: XLA does these in place inside a decode
+            # loop, where a vmapped update becomes a pass that rewrites (and first copies) the whole cache.
+            block = block.astype(cache.dtype)
+            for b in range(cache.shape[1]):
+                cache = jax.lax.dynamic_update_slice(cache, block[:, b:b + 1], (0, b, self.lengths[b], 0, 0))
+            return cache
 
-        def write_row(cache_row, block_row, length):  # [L, S, K, Dh], [L, T, K, Dh], []
-            return jax.lax.dynamic_update_slice(cache_row, block_row, (0, length, 0, 0))
-
-        write_rows = jax.vmap(write_row, in_axes=(1, 1, 0), out_axes=1)
-        return dataclasses.replace(self, k=write_rows(self.k, k_block, self.lengths),
-                                   v=write_rows(self.v, v_block, self.lengths))
+        return dataclasses.replace(self, k=write_rows(self.k, k_block), v=write_rows(self.v, v_block))
 
     def commit(self, num_tokens) -> "KVCache":
         """Advances each row's length by ``num_tokens`` ([B] or scalar): those written slots become valid."""

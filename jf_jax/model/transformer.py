@@ -68,8 +68,9 @@ def _projections(layer: Params, h, fused: str, names, shapes, equation: str, dty
 
 def _layer(cfg: ModelConfig, x, layer: Params, rope_tabs, q_meta, cache_kv, mask_kind, row_tile,
            whole_cache: bool = False):
-    """One decoder layer. x: [B, T, D]; ``cache_kv`` is None (attention among the tokens, by ``q_meta``) or this
-    layer's (cached keys, cached values, lengths), read by ``cached_attention`` or, with ``whole_cache``,
+    """One decoder layer. x: [B, T, D]; ``cache_kv`` is None (attention among the tokens, by ``q_meta``) or
+    (cached keys, cached values, layer, lengths): this layer's [Bc, S, K, Dh] with layer None, or every layer's
+    [L, Bc, S, K, Dh] and this layer's index, read by ``cached_attention`` or, with ``whole_cache``,
     ``whole_cache_attention``. Returns the new x and this layer's new (k, v) [B, T, K, Dh]."""
     dt = cfg.compute_dtype
 
@@ -90,9 +91,9 @@ def _layer(cfg: ModelConfig, x, layer: Params, rope_tabs, q_meta, cache_kv, mask
         if cache_kv is None:
             attn = _attend(cfg, q, k, v, q_meta, q_meta, mask_kind)  # [B, T, H, Dh]
         else:
-            cached_k, cached_v, lengths = cache_kv  # [Bc, S, K, Dh] twice, [Bc]
+            cached_k, cached_v, index, lengths = cache_kv
             attend = whole_cache_attention if whole_cache else cached_attention
-            attn = attend(q, k, v, q_meta.segment >= 0, cached_k, cached_v, lengths)
+            attn = attend(q, k, v, q_meta.segment >= 0, cached_k, cached_v, lengths, layer=index)
         x = x + matmul("bthk,hkd->btd", attn, layer["wo"], dt, row_tile).astype(dt)
 
     with jax.named_scope("mlp"):
@@ -134,10 +135,11 @@ def _layout(params: Params | DecodeView, cfg: ModelConfig) -> _Layout:
 
 def _loop_layers(layers: tuple[dict, ...], body, x, cache: KVCache | None):
     """A Python loop over per-layer arrays: no layer's weights are sliced out of a stacked array (on CPU the
-    slice inside scan is a full copy that doubles the weight traffic of a one-token step)."""
+    slice inside scan is a full copy that doubles the weight traffic of a one-token step). Each layer is given
+    the whole cache and its index, for the same reason: attention reads its layer where it lies."""
     new_kv = []
     for i, layer in enumerate(layers):
-        x, kv = body(x, (layer, None if cache is None else (cache.k[i], cache.v[i])))
+        x, kv = body(x, (layer, None if cache is None else (cache.k, cache.v, i)))
         new_kv.append(kv)
     new_k, new_v = (jnp.stack(t) for t in zip(*new_kv))
     return x, new_k, new_v
@@ -146,7 +148,8 @@ def _loop_layers(layers: tuple[dict, ...], body, x, cache: KVCache | None):
 def _scan_layers(layers: dict, remat: bool, body, x, cache: KVCache | None):
     """Stacked layers under ``lax.scan`` (rematerialised per layer with ``remat``)."""
     step = jax.checkpoint(body) if remat else body
-    x, (new_k, new_v) = jax.lax.scan(step, x, (layers, None if cache is None else (cache.k, cache.v)))
+    per_layer = None if cache is None else (cache.k, cache.v, None)
+    x, (new_k, new_v) = jax.lax.scan(step, x, (layers, per_layer))
     return x, new_k, new_v
 
 
