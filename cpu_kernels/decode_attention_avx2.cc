@@ -8,13 +8,18 @@
 // fixed costs outweigh the arithmetic; on a 2-core AVX2 CPU it was about a third of a one-token step.
 //
 // Batch invariance by construction, as in the AVX-512 kernel: a query's result is a fixed sequence of float
-// operations over its keys in blocks of 8 aligned to absolute positions (scores as one FMA chain over the head
-// dimension per key, online-softmax rescale, probabilities, value sums in key order), and that sequence depends
-// only on the query's position and the keys' bits: not on how many tokens, rows, or threads share the call. Its
-// blocks are half as wide as the AVX-512 kernel's, so the two agree to rounding, not bit for bit; a process runs
-// one of them for every decoder.
+// operations over its keys in blocks of 8 aligned to absolute positions (a block's 8 scores, each as 8 FMA chains
+// over the head dimension added in a fixed tree; the online-softmax rescale; probabilities; value sums in key
+// order), and that sequence depends only on the query's position and the keys' bits: not on how many tokens, rows,
+// or threads share the call. The two kernels' blocks and sums differ, so they agree to rounding, not bit for bit; a
+// process runs one of them for every decoder.
+//
+// Speed: the cache is read once per kv head and work item, 8 keys at a time, converted to float32 once for all the
+// item's rows; the rows then go through each step of a block together (scores, softmax, value sums), so their
+// independent dependency chains overlap; the keys and values a few blocks ahead are prefetched.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -28,9 +33,12 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr int kBlock = 8;         // keys per block (one AVX2 register of scores)
-constexpr int kRowsPerItem = 8;   // query tokens per work item (each item converts its keys once)
-constexpr int kScoreRows = 8;     // query rows whose scores share each key load (eight independent FMA chains)
+constexpr int kBlock = 8;        // keys per block (one AVX2 register of scores)
+constexpr int kRowsPerItem = 8;  // query tokens per work item (each item converts its keys once)
+// How far ahead of the block being read its keys and values are prefetched: a kv head's rows are 128 or 256 bytes
+// every K * Dh elements, a stride the hardware prefetchers follow too late, and reading the cache is a long
+// context's step.
+constexpr int kPrefetchKeys = 16;
 
 inline __m256 Load8(const uint16_t* p) {
   const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -57,121 +65,83 @@ inline __m256 Exp8(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(two_n));
 }
 
-// Transposes the 8x8 float32 matrix whose rows are r[0..7] (r[i] becomes column i).
-inline void Transpose8(__m256 r[8]) {
-  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
-  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
-  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
-  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
-  const __m256 u0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
-  const __m256 u1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
-  const __m256 u2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
-  const __m256 u3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
-  const __m256 u4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0));
-  const __m256 u5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
-  const __m256 u6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0));
-  const __m256 u7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
-  r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
-  r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
-  r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
-  r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
-  r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
-  r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
-  r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
-  r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+// Lane i of the result: the sum of a[i]'s lanes as ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7)).
+inline __m256 LaneSums8(const __m256 a[8]) {
+  const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+  const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-// kt[d * 8 + j] = key j's element d (float32), for the 8 keys of a block (nullptr: a zero key); Dh % 8 == 0.
-template <typename E>
-inline void TransposeKeys(const E* const keys[kBlock], int64_t Dh, float* kt) {
-  for (int64_t d0 = 0; d0 < Dh; d0 += 8) {
-    __m256 r[kBlock];
-    for (int j = 0; j < kBlock; ++j) r[j] = keys[j] ? Load8(keys[j] + d0) : _mm256_setzero_ps();
-    Transpose8(r);
-    for (int i = 0; i < kBlock; ++i) _mm256_storeu_ps(kt + (d0 + i) * kBlock, r[i]);
-  }
+// The sum of x's lanes as ((x0 + x4) + (x2 + x6)) + ((x1 + x5) + (x3 + x7)).
+inline float Sum8(__m256 x) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
 }
 
-// scores[r * 8 + j] = scale * q_r . key_j for the rows ``rows[0..nr)`` (one FMA chain over d per row, in order).
-inline void ScoreRows(const float* q, const int64_t* rows, int nr, const float* kt, int64_t Dh, float scale,
-                      float* scores) {
-  __m256 s[kScoreRows];
-  const float* qr[kScoreRows];
-  for (int r = 0; r < kScoreRows; ++r) {
-    s[r] = _mm256_setzero_ps();
-    qr[r] = q + rows[r < nr ? r : 0] * Dh;
-  }
-  for (int64_t d = 0; d < Dh; ++d) {
-    const __m256 kv = _mm256_loadu_ps(kt + d * kBlock);
-    for (int r = 0; r < kScoreRows; ++r) s[r] = _mm256_fmadd_ps(_mm256_set1_ps(qr[r][d]), kv, s[r]);
-  }
-  for (int r = 0; r < nr; ++r) _mm256_storeu_ps(scores + r * kBlock, _mm256_mul_ps(s[r], _mm256_set1_ps(scale)));
+inline float Max8(__m256 x) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
 }
 
-// The online-softmax step of a block for up to 8 rows at once, one row per lane: for row i < nr (scores s[i * 8 +
-// j], keys j with bit j of mask[i] visible), the block's max m' = max(m, max_j s_j), alpha_i = exp(m - m') (0 when
-// m is -inf), p_j = exp(s_j - m') for visible j and 0 otherwise (written over s), l = l * alpha + (p_0 + ... + p_7)
-// summed in key order, m = m'. Every lane's arithmetic is its row's alone.
-inline void SoftmaxRows(float* s, const int64_t* rows, const uint32_t* mask, int nr, float* m, float* l,
-                        float* alpha_out) {
+// Lane j all ones where bit j of ``mask`` is set.
+inline __m256 LaneMask(uint32_t mask) {
+  const __m256i bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  return _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(int(mask)), bits), bits));
+}
+
+// scale * (q . key_j) for the 8 keys of a block (kf: key j's Dh elements at kf + j * Dh) as one vector: for each key
+// eight partial sums over the head dimension (lane i sums the elements d = i mod 8, in order, one FMA chain), then
+// those eight added by LaneSums8. The eight keys' chains are independent, so they overlap.
+inline __m256 BlockScores(const float* q, const float* kf, int64_t Dh, float scale) {
+  __m256 part[kBlock];
+  const __m256 q0 = _mm256_loadu_ps(q);
+  for (int j = 0; j < kBlock; ++j) part[j] = _mm256_mul_ps(q0, _mm256_loadu_ps(kf + j * Dh));
+  for (int64_t d = 8; d < Dh; d += 8) {
+    const __m256 qd = _mm256_loadu_ps(q + d);
+    for (int j = 0; j < kBlock; ++j) part[j] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kf + j * Dh + d), part[j]);
+  }
+  return _mm256_mul_ps(LaneSums8(part), _mm256_set1_ps(scale));
+}
+
+// acc[0 : 8U] = alpha * acc + p_0 v_0 + ... + p_7 v_7 (v_j at vf + j * Dh), one FMA chain per 8 dimensions in key
+// order; the U chains are independent, so they overlap.
+template <int U>
+inline void AddValues(const float* p, float alpha, const float* vf, int64_t Dh, float* acc) {
+  __m256 o[U];
+  const __m256 av = _mm256_set1_ps(alpha);
+  for (int u = 0; u < U; ++u) o[u] = _mm256_mul_ps(_mm256_loadu_ps(acc + 8 * u), av);
+  for (int j = 0; j < kBlock; ++j) {
+    const __m256 pj = _mm256_set1_ps(p[j]);
+    for (int u = 0; u < U; ++u) o[u] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vf + j * Dh + 8 * u), o[u]);
+  }
+  for (int u = 0; u < U; ++u) _mm256_storeu_ps(acc + 8 * u, o[u]);
+}
+
+// One row's online-softmax step over a block (scores s, keys visible where bit j of ``mask`` is set, at least one):
+// m' = max(m, visible scores), alpha = exp(m - m') (exactly 1 when m' == m, 0 when m is -inf), p_j = exp(s_j - m')
+// on visible keys and 0 elsewhere (written over s), l = l * alpha + Sum8(p), m = m'. Returns alpha.
+inline float SoftmaxStep(float* s, uint32_t mask, float* m, float* l) {
   const float neg_inf = -std::numeric_limits<float>::infinity();
-  alignas(32) float m_old[kScoreRows], l_old[kScoreRows];
-  alignas(32) int32_t bits[kScoreRows];
-  for (int i = 0; i < kScoreRows; ++i) {
-    m_old[i] = i < nr ? m[rows[i]] : 0.0f;
-    l_old[i] = i < nr ? l[rows[i]] : 0.0f;
-    bits[i] = i < nr ? int32_t(mask[i]) : 0;
-  }
-  __m256 k[kBlock];  // k[j]: key j's scores, one row per lane
-  for (int i = 0; i < kBlock; ++i) k[i] = _mm256_loadu_ps(s + i * kBlock);
-  Transpose8(k);
-  const __m256i lane_bits = _mm256_load_si256(reinterpret_cast<const __m256i*>(bits));
-  __m256 visible[kBlock];
-  __m256 block_max = _mm256_set1_ps(neg_inf);
-  for (int j = 0; j < kBlock; ++j) {
-    const __m256i bit = _mm256_set1_epi32(1 << j);
-    visible[j] = _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(lane_bits, bit), bit));
-    block_max = _mm256_max_ps(block_max, _mm256_blendv_ps(_mm256_set1_ps(neg_inf), k[j], visible[j]));
-  }
-  const __m256 mo = _mm256_load_ps(m_old);
-  const __m256 m_new = _mm256_max_ps(mo, block_max);
-  const __m256 first = _mm256_cmp_ps(mo, _mm256_set1_ps(neg_inf), _CMP_EQ_OQ);
-  const __m256 alpha = _mm256_blendv_ps(Exp8(_mm256_sub_ps(mo, m_new)), _mm256_setzero_ps(), first);
-  __m256 sum = _mm256_setzero_ps();
-  for (int j = 0; j < kBlock; ++j) {
-    k[j] = _mm256_and_ps(Exp8(_mm256_sub_ps(k[j], m_new)), visible[j]);
-    sum = _mm256_add_ps(sum, k[j]);
-  }
-  alignas(32) float l_new[kScoreRows], m_out[kScoreRows];
-  _mm256_store_ps(l_new, _mm256_add_ps(_mm256_mul_ps(_mm256_load_ps(l_old), alpha), sum));
-  _mm256_store_ps(m_out, m_new);
-  _mm256_store_ps(alpha_out, alpha);
-  Transpose8(k);  // back to one row of 8 probabilities per register
-  for (int i = 0; i < nr; ++i) {
-    _mm256_storeu_ps(s + i * kBlock, k[i]);
-    l[rows[i]] = l_new[i];
-    m[rows[i]] = m_out[i];
-  }
-}
-
-// acc[d0 : d0 + 64] = alpha * acc + sum over visible keys j (in order) of p[j] * value_j, for one row.
-inline void ValueRow(const float* probs, uint32_t mask, float alpha, const float* vt, int64_t Dh, int64_t d0,
-                     float* acc) {
-  const int lanes = Dh - d0 >= 64 ? 8 : int((Dh - d0) / 8);
-  __m256 o[8];
-  for (int u = 0; u < lanes; ++u) o[u] = _mm256_mul_ps(_mm256_loadu_ps(acc + d0 + 8 * u), _mm256_set1_ps(alpha));
-  for (int jj = 0; jj < kBlock; ++jj) {
-    if (!(mask & (1u << jj))) continue;
-    const __m256 pb = _mm256_set1_ps(probs[jj]);
-    for (int u = 0; u < lanes; ++u) o[u] = _mm256_fmadd_ps(pb, _mm256_loadu_ps(vt + jj * Dh + d0 + 8 * u), o[u]);
-  }
-  for (int u = 0; u < lanes; ++u) _mm256_storeu_ps(acc + d0 + 8 * u, o[u]);
+  const __m256 visible = LaneMask(mask), sv = _mm256_load_ps(s);
+  const float m_new = std::max(*m, Max8(_mm256_blendv_ps(_mm256_set1_ps(neg_inf), sv, visible)));
+  const float alpha = *m == m_new    ? 1.0f
+                      : *m == neg_inf ? 0.0f
+                                      : _mm256_cvtss_f32(Exp8(_mm256_set1_ps(*m - m_new)));
+  const __m256 pv = _mm256_and_ps(Exp8(_mm256_sub_ps(sv, _mm256_set1_ps(m_new))), visible);
+  _mm256_store_ps(s, pv);
+  *l = *l * alpha + Sum8(pv);
+  *m = m_new;
+  return alpha;
 }
 
 template <typename E>
 using Args = jf_cpu::AttentionArgs<E>;
 
-// Queries of tokens [t0, t1) of row b on kv head kh (all G query heads of that kv head).
+// Queries of tokens [t0, t1) of row b on kv head kh (all G query heads of that kv head). Each block's keys and
+// values are converted to float32 once and read by every row that sees the block.
 template <typename E>
 void AttendItem(const Args<E>& a, int64_t b, int64_t kh, int64_t t0, int64_t t1) {
   const int64_t G = a.H / a.K, Dh = a.Dh, cb = b / (a.B / a.Bc);
@@ -179,28 +149,34 @@ void AttendItem(const Args<E>& a, int64_t b, int64_t kh, int64_t t0, int64_t t1)
   const int64_t rows = (t1 - t0) * G;
   const float scale = 1.0f / std::sqrt(float(Dh));
   std::vector<float> q(rows * Dh), acc(rows * Dh, 0.0f), m(rows, -std::numeric_limits<float>::infinity()),
-      l(rows, 0.0f), kt(Dh * kBlock), vt(kBlock * Dh);
-  alignas(32) float scores[kScoreRows * kBlock] = {}, alpha[kScoreRows];
+      l(rows, 0.0f), kf(kBlock * Dh), vf(kBlock * Dh), alpha(rows);
   std::vector<int64_t> act_row(rows);
   std::vector<uint32_t> act_mask(rows);
+  // probs[i * 8 + j]: active row i's score, then probability, of key j (32-byte aligned rows)
+  std::vector<__m256> prob_rows(rows);
+  float* probs = reinterpret_cast<float*>(prob_rows.data());
   a.LoadQueries(b, kh, t0, t1, q.data());
   const int64_t last = a.LastVisible(b, t0, t1, len);
   for (int64_t j0 = 0; j0 <= last; j0 += kBlock) {
     uint32_t key_ok = 0;
-    const E* key_rows[kBlock];
     for (int jj = 0; jj < kBlock; ++jj) {
-      const int64_t j = j0 + jj;
       const E *ks, *vs;
-      a.KeyValue(b, cb, kh, len, j, &ks, &vs);
+      a.KeyValue(b, cb, kh, len, j0 + jj + kPrefetchKeys, &ks, &vs);
+      if (ks != nullptr) {
+        for (int64_t byte = 0; byte < Dh * int64_t(sizeof(E)); byte += 64) {
+          _mm_prefetch(reinterpret_cast<const char*>(ks) + byte, _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(vs) + byte, _MM_HINT_T0);
+        }
+      }
+      a.KeyValue(b, cb, kh, len, j0 + jj, &ks, &vs);
       if (ks != nullptr) key_ok |= 1u << jj;
-      key_rows[jj] = ks;
-      for (int64_t d = 0; d < Dh; d += 8)
-        _mm256_storeu_ps(&vt[jj * Dh + d], vs ? Load8(vs + d) : _mm256_setzero_ps());
+      for (int64_t d = 0; d < Dh; d += 8) {
+        _mm256_storeu_ps(&kf[jj * Dh + d], ks ? Load8(ks + d) : _mm256_setzero_ps());
+        _mm256_storeu_ps(&vf[jj * Dh + d], vs ? Load8(vs + d) : _mm256_setzero_ps());
+      }
     }
-    TransposeKeys(key_rows, Dh, kt.data());
-    // The rows that see this block, eight at a time (scores sharing each key load, the softmax bookkeeping with one
-    // row per lane, the value sums): rows are independent, so each step overlaps their dependency chains instead of
-    // running one row's chain at a time.
+    // The rows that see this block, then each step for all of them before the next: the rows' chains of dependent
+    // operations (scores, exp, value sums) are independent, so running one step over many rows overlaps them.
     int64_t active = 0;
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t pos = len + t;
@@ -213,13 +189,15 @@ void AttendItem(const Args<E>& a, int64_t b, int64_t kh, int64_t t0, int64_t t1)
         act_mask[active++] = mask;
       }
     }
-    for (int64_t i0 = 0; i0 < active; i0 += kScoreRows) {
-      const int nr = active - i0 < kScoreRows ? int(active - i0) : kScoreRows;
-      ScoreRows(q.data(), act_row.data() + i0, nr, kt.data(), Dh, scale, scores);
-      SoftmaxRows(scores, act_row.data() + i0, act_mask.data() + i0, nr, m.data(), l.data(), alpha);
-      for (int i = 0; i < nr; ++i)
-        for (int64_t d0 = 0; d0 < Dh; d0 += 64)
-          ValueRow(&scores[i * kBlock], act_mask[i0 + i], alpha[i], vt.data(), Dh, d0, &acc[act_row[i0 + i] * Dh]);
+    for (int64_t i = 0; i < active; ++i)
+      _mm256_store_ps(&probs[i * kBlock], BlockScores(&q[act_row[i] * Dh], kf.data(), Dh, scale));
+    for (int64_t i = 0; i < active; ++i)
+      alpha[i] = SoftmaxStep(&probs[i * kBlock], act_mask[i], &m[act_row[i]], &l[act_row[i]]);
+    for (int64_t i = 0; i < active; ++i) {
+      float* acc_row = &acc[act_row[i] * Dh];
+      int64_t d = 0;
+      for (; d + 64 <= Dh; d += 64) AddValues<8>(&probs[i * kBlock], alpha[i], vf.data() + d, Dh, acc_row + d);
+      for (; d < Dh; d += 32) AddValues<4>(&probs[i * kBlock], alpha[i], vf.data() + d, Dh, acc_row + d);
     }
   }
   for (int64_t t = t0; t < t1; ++t)
