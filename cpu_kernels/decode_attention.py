@@ -35,12 +35,13 @@ def supports(head_dim: int, dtype) -> bool:
     return head_dim % 32 == 0 and jnp.dtype(dtype) in TARGETS[library.AVX512.name]
 
 
-def decode_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths, *, layer: int | None = None,
-                     kernel: library.KernelSet | None = None):
-    """q [B, T, H, Dh]; k_new, v_new [B, T, K, Dh]; new_valid [B, T]; cache_k, cache_v [Bc, S, K, Dh] (Bc divides
-    B: query row b reads cache row b // (B // Bc)), or with ``layer`` every layer's [L, Bc, S, K, Dh] of which
-    layer ``layer`` is read (in place: a slice would be a copy per call); lengths [Bc]. Returns float32
-    [B, T, H, Dh] (zeros for invalid queries). ``kernel``: the set whose kernel runs (default: ``kernel_set()``)."""
+def decode_attention_in_cache(q, k_new, v_new, new_valid, cache_k, cache_v, lengths, layer: int, *,
+                              kernel: library.KernelSet | None = None):
+    """The attention of layer ``layer`` over every layer's cache, cache_k and cache_v [L, Bc, S, K, Dh], read in
+    place (a slice would be a copy per call). Returns (float32 out [B, T, H, Dh], cache_k, cache_v): the caches
+    unchanged, as outputs of the call aliased to its inputs, for the caller to hand to the next layer and to write
+    the step's keys into (the write then follows every read, and XLA does it in place). Other arguments and
+    ``kernel`` as ``decode_attention``."""
     kernel = kernel or kernel_set()
     if kernel is None or kernel.name not in TARGETS or not library.available(kernel):
         reasons = "; ".join(f"{s.name}: {library.unavailable_reason(s)}" for s in ([kernel] if kernel else SETS))
@@ -50,13 +51,26 @@ def decode_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths, *, l
         raise ValueError(f"decode_attention needs a head_dim multiple of 32 and one of "
                          f"{sorted(map(str, TARGETS[kernel.name]))}, "
                          f"got head_dim {q.shape[-1]} and {dtype}")
-    if layer is None:
-        cache_k, cache_v, layer = cache_k[None], cache_v[None], 0
-    elif cache_k.ndim != 5 or not 0 <= layer < cache_k.shape[0]:
+    if cache_k.ndim != 5 or not 0 <= layer < cache_k.shape[0]:
         raise ValueError(f"decode_attention: layer {layer} of a cache shaped {cache_k.shape} (expected "
                          f"[L, Bc, S, K, Dh] with 0 <= layer < L)")
+    if cache_k.dtype != dtype or cache_v.dtype != dtype:
+        raise ValueError(f"decode_attention: the caches ({cache_k.dtype}, {cache_v.dtype}) must be in the "
+                         f"queries' dtype {dtype}")
     args = [x.astype(dtype) for x in (q, k_new, v_new)]
-    cache = [x.astype(dtype) for x in (cache_k, cache_v)]
-    out = jax.ShapeDtypeStruct(q.shape, jnp.float32)
-    return jax.ffi.ffi_call(TARGETS[kernel.name][dtype], out, vmap_method="sequential")(
-        *args, jnp.asarray(new_valid, jnp.int32), *cache, jnp.asarray(lengths, jnp.int32), layer=np.int64(layer))
+    out = (jax.ShapeDtypeStruct(q.shape, jnp.float32), jax.ShapeDtypeStruct(cache_k.shape, dtype),
+           jax.ShapeDtypeStruct(cache_v.shape, dtype))
+    call = jax.ffi.ffi_call(TARGETS[kernel.name][dtype], out, vmap_method="sequential",
+                            input_output_aliases={4: 1, 5: 2})
+    return call(*args, jnp.asarray(new_valid, jnp.int32), cache_k, cache_v, jnp.asarray(lengths, jnp.int32),
+                layer=np.int64(layer))
+
+
+def decode_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths, *,
+                     kernel: library.KernelSet | None = None):
+    """q [B, T, H, Dh]; k_new, v_new [B, T, K, Dh]; new_valid [B, T]; cache_k, cache_v [Bc, S, K, Dh] (Bc divides
+    B: query row b reads cache row b // (B // Bc)); lengths [Bc]. Returns float32 [B, T, H, Dh] (zeros for
+    invalid queries). ``kernel``: the set whose kernel runs (default: ``kernel_set()``)."""
+    dtype = jnp.dtype(q.dtype)
+    cache_k, cache_v = (x.astype(dtype)[None] for x in (cache_k, cache_v))
+    return decode_attention_in_cache(q, k_new, v_new, new_valid, cache_k, cache_v, lengths, 0, kernel=kernel)[0]

@@ -5,7 +5,10 @@
 //
 // The cache arguments are every layer's cache, [L, Bc, S, K, Dh], and the ``layer`` attribute picks the one read:
 // a call on the decode loop's whole cache buffer then reads it where it lies, where a per-layer slice would be
-// copied into a buffer of its own on every call (a whole cache's worth of copies per step).
+// copied into a buffer of its own on every call (a whole cache's worth of copies per step). The call also returns
+// both caches, aliased to those arguments and untouched: a caller that hands them from layer to layer and writes
+// the step's new keys into the last call's caches makes its write follow every read, so XLA updates the cache in
+// place instead of copying all of it first (nothing else orders the last layers' reads before the write).
 #pragma once
 
 #include <cstdint>
@@ -95,7 +98,8 @@ xla::ffi::Error RunAttention(const char* name, int64_t tokens_per_item, xla::ffi
 #define JF_ATTENTION_SIGNATURE(DT)                                                                              \
   xla::ffi::ThreadPool pool, xla::ffi::Buffer<DT> q, xla::ffi::Buffer<DT> k_new, xla::ffi::Buffer<DT> v_new,   \
       xla::ffi::Buffer<xla::ffi::S32> valid, xla::ffi::Buffer<DT> cache_k, xla::ffi::Buffer<DT> cache_v,       \
-      xla::ffi::Buffer<xla::ffi::S32> lengths, xla::ffi::ResultBuffer<xla::ffi::F32> out, int64_t layer
+      xla::ffi::Buffer<xla::ffi::S32> lengths, xla::ffi::ResultBuffer<xla::ffi::F32> out,                     \
+      xla::ffi::ResultBuffer<DT> /*cache_k, passed through*/, xla::ffi::ResultBuffer<DT> /*cache_v*/, int64_t layer
 #define JF_ATTENTION_ARGUMENTS pool, q, k_new, v_new, valid, cache_k, cache_v, lengths, out, layer
 
 #define JF_ATTENTION_BINDING(DT)                 \
@@ -109,4 +113,6 @@ xla::ffi::Error RunAttention(const char* name, int64_t tokens_per_item, xla::ffi
       .Arg<xla::ffi::Buffer<DT>>()               \
       .Arg<xla::ffi::Buffer<xla::ffi::S32>>()    \
       .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    \
+      .Ret<xla::ffi::Buffer<DT>>()               \
+      .Ret<xla::ffi::Buffer<DT>>()               \
       .Attr<int64_t>("layer")

@@ -110,31 +110,53 @@ def _fold(total_l, total_acc, sums, acc):
     return total_l, total_acc
 
 
-def cached_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths, *, layer: int | None = None,
-                     chunk: int = CHUNK, use_kernel: bool = True):
+def _kernel(head_dim: int, dtype):
+    """The CPU kernel set whose decode attention runs here for this head size and dtype (None: plain JAX)."""
+    kernel = cpu_kernels.attention_kernel_set()
+    return kernel if kernel is not None and cpu_kernels.attention_supports(head_dim, dtype) else None
+
+
+def layer_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths, layer: int, *, whole_cache: bool = False):
+    """Layer ``layer``'s attention over every layer's cache, cache_k and cache_v [L, Bc, S, K, Dh]: returns (out,
+    cache_k, cache_v), the caches unchanged, for the next layer and for the step's write.
+
+    Where a CPU kernel runs, it reads the layer in place and its call returns the caches aliased to its inputs, so a
+    forward that hands them from layer to layer and writes into the last layer's makes its write follow every read
+    (XLA then writes a decode loop's cache in place instead of copying it whole each step). Elsewhere the layer's
+    slice goes to ``cached_attention`` (or, with ``whole_cache``, ``whole_cache_attention``). Other arguments as
+    ``cached_attention``.
+    """
+    kernel = None if whole_cache else _kernel(q.shape[-1], q.dtype)
+    if kernel is not None and cache_k.dtype == q.dtype and cache_v.dtype == q.dtype:
+        out, cache_k, cache_v = cpu_kernels.decode_attention_in_cache(q, k_new, v_new, new_valid, cache_k, cache_v,
+                                                                      lengths, layer, kernel=kernel)
+        return out.astype(q.dtype), cache_k, cache_v
+    attend = whole_cache_attention if whole_cache else cached_attention
+    return attend(q, k_new, v_new, new_valid, cache_k[layer], cache_v[layer], lengths), cache_k, cache_v
+
+
+def cached_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths, *, chunk: int = CHUNK,
+                     use_kernel: bool = True):
     """Attention of new tokens over the committed cache prefix and each other (causal).
 
     q: [B, T, H, Dh]; k_new, v_new: [B, T, K, Dh], token i of row b at position ``lengths[b] + i``; new_valid
     [B, T] bool (False: a padding token, never attended). cache_k, cache_v: [Bc, S, K, Dh] where Bc divides B:
     query row b reads cache row ``b // (B // Bc)`` (Bc == 1: one cache row shared by every query row; Bc == B:
     one each; between: groups of candidate rows per prompt); lengths: [Bc] committed slots. Returns [B, T, H, Dh] in
-    q's dtype; a query that sees no key (none exists for valid queries) gets zeros. With ``layer``, cache_k and
-    cache_v are every layer's cache [L, Bc, S, K, Dh] and layer ``layer``'s is read (the kernels read it in place).
+    q's dtype; a query that sees no key (none exists for valid queries) gets zeros.
 
     On CPUs where ``cpu_kernels`` run (and ``use_kernel``), the same semantics come from
     ``cpu_kernels.decode_attention``, also batch-invariant by construction (blocks of 16 or 8 keys, online softmax):
     the code below is then its plain-JAX twin, which every other backend runs.
     """
     B, T, H, Dh = q.shape
-    Bc, S, K, _ = cache_k.shape[-4:]
+    Bc, S, K, _ = cache_k.shape
     if Bc < 1 or B % Bc:
         raise ValueError(f"cache has {Bc} rows for {B} query rows (expected a divisor of {B})")
-    kernel = cpu_kernels.attention_kernel_set() if use_kernel else None
-    if kernel is not None and cpu_kernels.attention_supports(Dh, q.dtype):
-        return cpu_kernels.decode_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths, layer=layer,
+    kernel = _kernel(Dh, q.dtype) if use_kernel else None
+    if kernel is not None:
+        return cpu_kernels.decode_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths,
                                             kernel=kernel).astype(q.dtype)
-    if layer is not None:
-        cache_k, cache_v = cache_k[layer], cache_v[layer]
     shared = Bc == 1 and B > 1
     G = H // K
     scale = 1.0 / math.sqrt(Dh)
@@ -195,7 +217,7 @@ def cached_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths, *, l
     return out.transpose(0, 3, 1, 2, 4).reshape(B, T, H, Dh).astype(q.dtype)
 
 
-def whole_cache_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths, *, layer: int | None = None):
+def whole_cache_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths):
     """The semantics of ``cached_attention`` computed by one program shape per forward shape: each query row's block
     is written into its own copy of its cache row at the committed length, and every query attends over all S
     slots in position order (slot s is visible to the query at position p iff s <= p and s holds a committed key
@@ -206,10 +228,8 @@ def whole_cache_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths,
     reduction sees the same operands in the same positions, with exact zeros where a slot is invisible, and a
     backend's kernels (chosen by shape) give the token the same bits in any method. It reads the whole cache every
     forward (no prefix-length switch), which costs little where the weights, not the cache, bound a step.
-    Shapes and ``layer`` as ``cached_attention``; requires ``lengths + T <= S``.
+    Shapes as ``cached_attention``; requires ``lengths + T <= S``.
     """
-    if layer is not None:
-        cache_k, cache_v = cache_k[layer], cache_v[layer]
     B, T, H, Dh = q.shape
     Bc, S, K, _ = cache_k.shape
     if Bc < 1 or B % Bc:

@@ -24,7 +24,7 @@ from jf_jax.model.config import ModelConfig
 from jf_jax.model.decode_view import MATMUL_WEIGHTS, DecodeView, Shards
 from jf_jax.model.kv_cache import KVCache
 from cpu_kernels import PackedWeight
-from jf_jax.model.cached_attention import cached_attention, whole_cache_attention
+from jf_jax.model.cached_attention import cached_attention, layer_attention, whole_cache_attention
 from jf_jax.model.quantize import Int8Weight
 from jf_jax.model.token_meta import causal_meta
 from jf_jax.model.weight_matmul import DotRows, matmul, this_machine_dot_rows
@@ -70,8 +70,9 @@ def _layer(cfg: ModelConfig, x, layer: Params, rope_tabs, q_meta, cache_kv, mask
            whole_cache: bool = False):
     """One decoder layer. x: [B, T, D]; ``cache_kv`` is None (attention among the tokens, by ``q_meta``) or
     (cached keys, cached values, layer, lengths): this layer's [Bc, S, K, Dh] with layer None, or every layer's
-    [L, Bc, S, K, Dh] and this layer's index, read by ``cached_attention`` or, with ``whole_cache``,
-    ``whole_cache_attention``. Returns the new x and this layer's new (k, v) [B, T, K, Dh]."""
+    [L, Bc, S, K, Dh] and this layer's index (``layer_attention``), read by ``cached_attention`` or, with
+    ``whole_cache``, ``whole_cache_attention``. Returns the new x, this layer's new (k, v) [B, T, K, Dh] and the
+    caches as read (those ``layer_attention`` passes on; None without a cache)."""
     dt = cfg.compute_dtype
 
     with jax.named_scope("attention"):
@@ -88,12 +89,17 @@ def _layer(cfg: ModelConfig, x, layer: Params, rope_tabs, q_meta, cache_kv, mask
         q = rope(q, rope_tabs).astype(dt)
         k = rope(k, rope_tabs).astype(dt)
         v = v.astype(dt)
+        read = None
         if cache_kv is None:
             attn = _attend(cfg, q, k, v, q_meta, q_meta, mask_kind)  # [B, T, H, Dh]
+        elif cache_kv[2] is None:
+            cached_k, cached_v, _, lengths = cache_kv
+            attend = whole_cache_attention if whole_cache else cached_attention
+            attn = attend(q, k, v, q_meta.segment >= 0, cached_k, cached_v, lengths)
         else:
             cached_k, cached_v, index, lengths = cache_kv
-            attend = whole_cache_attention if whole_cache else cached_attention
-            attn = attend(q, k, v, q_meta.segment >= 0, cached_k, cached_v, lengths, layer=index)
+            attn, *read = layer_attention(q, k, v, q_meta.segment >= 0, cached_k, cached_v, lengths, index,
+                                          whole_cache=whole_cache)
         x = x + matmul("bthk,hkd->btd", attn, layer["wo"], dt, row_tile).astype(dt)
 
     with jax.named_scope("mlp"):
@@ -102,7 +108,7 @@ def _layer(cfg: ModelConfig, x, layer: Params, rope_tabs, q_meta, cache_kv, mask
         gate, up = _projections(layer, h, "w_gate_up", ("w_gate", "w_up"), ff, "btd,df->btf", dt, row_tile)
         act = (jax.nn.silu(gate) * up).astype(dt)
         x = x + matmul("btf,fd->btd", act, layer["w_down"], dt, row_tile).astype(dt)
-    return x, (k, v)
+    return x, (k, v), read
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +124,8 @@ class _Layout:
     a dot. In training no tile (XLA picks its fastest dot for the whole batch), and a lone cached token is padded to
     two rows as in decoding."""
     run_layers: Callable
-    """(body, x, cache) -> (x, new keys, new values [L, B, T, K, Dh]): every layer's ``body(x, (layer, kv))``."""
+    """(body, x, cache) -> (x, new keys, new values [L, B, T, K, Dh], the cache as read, None without one): every
+    layer's ``body(x, (layer, kv))``."""
 
 
 def _layout(params: Params | DecodeView, cfg: ModelConfig) -> _Layout:
@@ -136,26 +143,33 @@ def _layout(params: Params | DecodeView, cfg: ModelConfig) -> _Layout:
 def _loop_layers(layers: tuple[dict, ...], body, x, cache: KVCache | None):
     """A Python loop over per-layer arrays: no layer's weights are sliced out of a stacked array (on CPU the
     slice inside scan is a full copy that doubles the weight traffic of a one-token step). Each layer is given
-    the whole cache and its index, for the same reason: attention reads its layer where it lies."""
+    the whole cache and its index, for the same reason: attention reads its layer where it lies, and passes the
+    cache on to the next layer (``layer_attention``); the cache the last layer passes on is returned, for the write."""
     new_kv = []
+    read = None if cache is None else (cache.k, cache.v)
     for i, layer in enumerate(layers):
-        x, kv = body(x, (layer, None if cache is None else (cache.k, cache.v, i)))
+        x, kv, read = body(x, (layer, None if read is None else (*read, i)))
         new_kv.append(kv)
     new_k, new_v = (jnp.stack(t) for t in zip(*new_kv))
-    return x, new_k, new_v
+    return x, new_k, new_v, None if cache is None else dataclasses.replace(cache, k=read[0], v=read[1])
 
 
 def _scan_layers(layers: dict, remat: bool, body, x, cache: KVCache | None):
     """Stacked layers under ``lax.scan`` (rematerialised per layer with ``remat``)."""
-    step = jax.checkpoint(body) if remat else body
+    def step(x, per_layer):
+        x, kv, _ = body(x, per_layer)
+        return x, kv
+
+    step = jax.checkpoint(step) if remat else step
     per_layer = None if cache is None else (cache.k, cache.v, None)
     x, (new_k, new_v) = jax.lax.scan(step, x, (layers, per_layer))
-    return x, new_k, new_v
+    return x, new_k, new_v, cache
 
 
 def _stack(params: Params | DecodeView, cfg: ModelConfig, tokens, positions, q_meta: TokenMeta, cache: KVCache | None,
            mask_kind: str, whole_cache: bool = False):
-    """Embedding, every layer and the final norm. Returns (hidden, new keys, new values [L, B, T, K, Dh]).
+    """Embedding, every layer and the final norm. Returns (hidden, new keys, new values [L, B, T, K, Dh], the cache
+    as the layers pass it on: what a write of the new keys goes into, ``_loop_layers``; None without a cache).
 
     With a cache the tokens attend through ``cached_attention``; a cache of Bc rows serves B rows of ``tokens``
     in groups of B // Bc (shared inside each layer, never copied per row), and fewer tokens than the layout's
@@ -165,8 +179,8 @@ def _stack(params: Params | DecodeView, cfg: ModelConfig, tokens, positions, q_m
     layout = _layout(params, cfg)
     if cache is not None and B * T < layout.dot_rows.fewest:
         padded = _pad_tokens(tokens, positions, q_meta, -(-layout.dot_rows.fewest // B))
-        x, new_k, new_v = _stack(params, cfg, *padded, cache, mask_kind, whole_cache)
-        return x[:, :T], new_k[:, :, :T], new_v[:, :, :T]
+        x, new_k, new_v, read = _stack(params, cfg, *padded, cache, mask_kind, whole_cache)
+        return x[:, :T], new_k[:, :, :T], new_v[:, :, :T], read
     x = layout.embed.astype(cfg.compute_dtype)[tokens]  # [B, T, D]
     rope_tabs = rope_tables(positions, cfg)
 
@@ -176,8 +190,8 @@ def _stack(params: Params | DecodeView, cfg: ModelConfig, tokens, positions, q_m
             cache_kv = cache_kv + (cache.lengths,)
         return _layer(cfg, x, layer, rope_tabs, q_meta, cache_kv, mask_kind, layout.dot_rows.tile, whole_cache)
 
-    x, new_k, new_v = layout.run_layers(body, x, cache)
-    return rms_norm(x, layout.final_norm, cfg.rms_norm_eps), new_k, new_v
+    x, new_k, new_v, read = layout.run_layers(body, x, cache)
+    return rms_norm(x, layout.final_norm, cfg.rms_norm_eps), new_k, new_v, read
 
 
 def _pad_tokens(tokens, positions, q_meta: TokenMeta, width: int):
@@ -222,9 +236,9 @@ def forward(params: Params | DecodeView, cfg: ModelConfig, tokens, positions=Non
     tokens = jnp.asarray(tokens, jnp.int32)
     positions = jnp.asarray(_default_positions(tokens, meta, cache) if positions is None else positions, jnp.int32)
     q_meta = causal_meta(positions) if meta is None else meta
-    x, new_k, new_v = _stack(params, cfg, tokens, positions, q_meta, cache, mask_kind, whole_cache)
+    x, new_k, new_v, read = _stack(params, cfg, tokens, positions, q_meta, cache, mask_kind, whole_cache)
     if cache is not None:
-        cache = cache.write(new_k, new_v)
+        cache = read.write(new_k, new_v)
     return x, cache
 
 
@@ -246,7 +260,7 @@ def forward_shared_prefix(params: Params | DecodeView, cfg: ModelConfig, tokens,
     starts = jnp.repeat(cache.lengths, rows // cache.batch_size)
     positions = starts[:, None] + jnp.arange(W, dtype=jnp.int32)
     q_meta = causal_meta(positions, valid=None if valid is None else jnp.broadcast_to(valid, (rows, W)))
-    return _stack(params, cfg, tokens, positions, q_meta, cache, MASK_NOISE_CONDITIONED, whole_cache)
+    return _stack(params, cfg, tokens, positions, q_meta, cache, MASK_NOISE_CONDITIONED, whole_cache)[:3]
 
 
 def logits(params: Params | DecodeView, cfg: ModelConfig, hidden):
