@@ -7,6 +7,7 @@ The bitwise checks run on a model of SmolLM2-135M's layer shapes, compiled as de
 
 import functools
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -163,3 +164,40 @@ def test_a_token_gets_the_same_bits_however_its_forward_is_shaped(dtype, layout,
     np.testing.assert_array_equal(np.asarray(batched[0]), steps)
     hidden, _, _ = shared_prefix(np.concatenate([other[:1], cont, other]), both)
     np.testing.assert_array_equal(np.asarray(row_logits(hidden[1])), steps)
+
+
+def _while_body(compiled_hlo: str) -> list[str]:
+    """The instruction lines of the (one) while loop's body computation in a compiled program's text."""
+    (name,) = set(re.findall(r"body=%([\w.\-]+)", compiled_hlo))
+    lines = compiled_hlo.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"%{name} "))
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith("}"))
+    return lines[start + 1:end]
+
+
+@pytest.mark.parametrize("kernels", ["avx512", "avx2"])
+def test_a_decode_loop_reads_and_writes_the_cache_where_it_lies(kernels, monkeypatch):
+    """With a CPU kernel, a decode loop's step neither copies each layer's cache into a buffer of its own for the
+    kernel nor copies the whole cache before writing the step's keys: at long contexts each was a whole cache's
+    worth of memory traffic per step, more than the attention itself (``layer_attention``)."""
+    kernel_gate.apply(kernel_gate.this_machine(kernels))
+    kernel_gate.use_only(monkeypatch, *{"avx512": ("avx512", "avx2"), "avx2": ("avx2",)}[kernels])
+    cfg = MID.replace(dtype="bfloat16")
+    params = decode_view(cast_params(init_params(cfg, jax.random.PRNGKey(0)), cfg.compute_dtype), pack=True)
+    cache = KVCache.init(cfg, 1, 256).with_lengths(40)
+
+    @decode_jit
+    def ar_steps(params, cache, stop):  # greedy AR: every layer's attention feeds the next token
+        def step(state):
+            token, c = state
+            hidden, c = forward(params, cfg, token, cache=c)
+            return jnp.argmax(logits(params, cfg, hidden), axis=-1).astype(jnp.int32), c.commit(1)
+
+        return jax.lax.while_loop(lambda s: s[1].lengths[0] < stop, step, (jnp.zeros((1, 1), jnp.int32), cache))
+
+    body = _while_body(ar_steps.program().lower(params, cache, jnp.int32(44)).compile().as_text())
+    whole, layer = (f"= bf16[{','.join(map(str, s))}]" for s in (cache.k.shape, cache.k.shape[1:]))
+    plumbing = re.compile(r"\s(get-tuple-element|tuple|bitcast|parameter)\(")
+    made = [line for line in body if whole in line and not plumbing.search(line)]
+    assert len(made) == 2, "expected only the keys' and the values' writes to make a whole cache:\n" + "\n".join(made)
+    assert not [line for line in body if layer in line], "a layer's cache is copied out for the kernel"
