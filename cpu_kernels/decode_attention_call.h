@@ -43,8 +43,8 @@ struct AttentionArgs {
     return last;
   }
 
-  // The key and value rows of key j on kv head kh for query row b (cache row cb of the layer read, holding len): the cache's for
-  // j < len, the row's own new token j - len's when it is valid, none (nullptr) otherwise.
+  // The key and value rows of key j on kv head kh for query row b (cache row cb of the layer read, holding len):
+  // the cache's for j < len, the row's own new token j - len's when it is valid, none (nullptr) otherwise.
   void KeyValue(int64_t b, int64_t cb, int64_t kh, int64_t len, int64_t j, const E** ks, const E** vs) const {
     *ks = *vs = nullptr;
     if (j < len) {

@@ -151,7 +151,7 @@ def test_a_token_gets_the_same_bits_however_its_forward_is_shaped(dtype, layout,
     np.testing.assert_array_equal(np.concatenate([first[0], rest[0]]), steps)
 
     other = rng.integers(0, cfg.vocab_size, (2, N)).astype(np.int32)  # recycled candidate rows beside the draft
-    hidden, _, _ = shared_prefix(np.concatenate([other[:1], cont, other[1:]]), cache0)
+    hidden = shared_prefix(np.concatenate([other[:1], cont, other[1:]]), cache0)[0]
     np.testing.assert_array_equal(np.asarray(row_logits(hidden[1])), steps)
 
     # A batch of two prompts of different lengths (another prompt's cache row beside this one's): the block as
@@ -162,7 +162,7 @@ def test_a_token_gets_the_same_bits_however_its_forward_is_shaped(dtype, layout,
                    lengths=jnp.asarray([P, 2 * CHUNK + 9], jnp.int32))
     batched, _ = block_logits(np.concatenate([cont, other[:1]]), both)
     np.testing.assert_array_equal(np.asarray(batched[0]), steps)
-    hidden, _, _ = shared_prefix(np.concatenate([other[:1], cont, other]), both)
+    hidden = shared_prefix(np.concatenate([other[:1], cont, other]), both)[0]
     np.testing.assert_array_equal(np.asarray(row_logits(hidden[1])), steps)
 
 
@@ -176,10 +176,12 @@ def _while_body(compiled_hlo: str) -> list[str]:
 
 
 @pytest.mark.parametrize("kernels", ["avx512", "avx2"])
-def test_a_decode_loop_reads_and_writes_the_cache_where_it_lies(kernels, monkeypatch):
+@pytest.mark.parametrize("rows", [1, 3])
+def test_a_decode_loop_reads_and_writes_the_cache_where_it_lies(rows, kernels, monkeypatch):
     """With a CPU kernel, a decode loop's step neither copies each layer's cache into a buffer of its own for the
     kernel nor copies the whole cache before writing the step's keys: at long contexts each was a whole cache's
-    worth of memory traffic per step, more than the attention itself (``layer_attention``)."""
+    worth of memory traffic per step, more than the attention itself (``layer_attention``). One row: AR's
+    ``forward``; three: candidate rows over one cache row, the first one's keys written, as mr does."""
     kernel_gate.apply(kernel_gate.this_machine(kernels))
     kernel_gate.use_only(monkeypatch, *{"avx512": ("avx512", "avx2"), "avx2": ("avx2",)}[kernels])
     cfg = MID.replace(dtype="bfloat16")
@@ -187,15 +189,19 @@ def test_a_decode_loop_reads_and_writes_the_cache_where_it_lies(kernels, monkeyp
     cache = KVCache.init(cfg, 1, 256).with_lengths(40)
 
     @decode_jit
-    def ar_steps(params, cache, stop):  # greedy AR: every layer's attention feeds the next token
+    def greedy_steps(params, cache, stop):  # every layer's attention feeds the next tokens
         def step(state):
-            token, c = state
-            hidden, c = forward(params, cfg, token, cache=c)
+            tokens, c = state
+            if rows == 1:
+                hidden, c = forward(params, cfg, tokens, cache=c)
+            else:
+                hidden, k, v, c = forward_shared_prefix(params, cfg, tokens, c)
+                c = c.write(k[:, :1], v[:, :1])
             return jnp.argmax(logits(params, cfg, hidden), axis=-1).astype(jnp.int32), c.commit(1)
 
-        return jax.lax.while_loop(lambda s: s[1].lengths[0] < stop, step, (jnp.zeros((1, 1), jnp.int32), cache))
+        return jax.lax.while_loop(lambda s: s[1].lengths[0] < stop, step, (jnp.zeros((rows, 1), jnp.int32), cache))
 
-    body = _while_body(ar_steps.program().lower(params, cache, jnp.int32(44)).compile().as_text())
+    body = _while_body(greedy_steps.program().lower(params, cache, jnp.int32(44)).compile().as_text())
     whole, layer = (f"= bf16[{','.join(map(str, s))}]" for s in (cache.k.shape, cache.k.shape[1:]))
     plumbing = re.compile(r"\s(get-tuple-element|tuple|bitcast|parameter)\(")
     made = [line for line in body if whole in line and not plumbing.search(line)]

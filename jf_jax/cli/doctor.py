@@ -191,7 +191,7 @@ def block_bits(view, cfg, samples: list[list[list[int]]], shape=None) -> float:
         t = tokens.shape[1]
         padded = jnp.zeros((shape.rows, shape.width), jnp.int32).at[0, :t].set(tokens[0])
         valid = jnp.zeros((shape.rows, shape.width), bool).at[0, :t].set(True)
-        hidden, k, v = forward_shared_prefix(view, cfg, padded, cache, valid=valid, whole_cache=True)
+        hidden, k, v, _ = forward_shared_prefix(view, cfg, padded, cache, valid=valid, whole_cache=True)
         # logits of every padded position, as decoding.shapes.fixed_forward computes them
         return logits(view, cfg, hidden)[:1, :t], cache.write(k[:, :1, :t], v[:, :1, :t])
 

@@ -120,20 +120,22 @@ class MRDecoder(BlockDecoder):
 
     def _verify(self, params: Params, s: MRState, rows):
         """One forward of ``rows`` [B, R, W] (R rows per prompt, sharing its cache row); returns per prompt the
-        winning row [B, W], its predictions, its new KV [L, B, W, K, Dh] and its index [B]."""
+        winning row [B, W], its predictions, its new KV [L, B, W, K, Dh], its index [B], and the cache to write
+        the winner's KV into (``forward_rows``)."""
         B, R, W = rows.shape
         if self.shape is None:
             valid = jnp.repeat(jnp.arange(W) < s.row_len[:, None], R, axis=0)
-            g, k, v = forward_rows(params, self.cfg, rows.reshape(B * R, W), valid, s.cache, self.sampling,
-                                   jnp.repeat(s.sample_key, R, axis=0))
+            g, k, v, cache = forward_rows(params, self.cfg, rows.reshape(B * R, W), valid, s.cache, self.sampling,
+                                          jnp.repeat(s.sample_key, R, axis=0))
         else:  # padded to the run's fixed decode shape
             valid = jnp.broadcast_to((jnp.arange(W) < s.row_len[:, None])[:, None], (B, R, W))
             g, k, v = fixed_forward(params, self.cfg, self.shape, rows, valid, s.cache, self.sampling, s.sample_key)
+            cache = s.cache
         g = g.reshape(B, R, W)
         win = jax.vmap(pick_winner)(rows, g, s.row_len, s.ra_len)
         b = jnp.arange(B)
         pick = lambda x: x.reshape((x.shape[0], B, R) + x.shape[-3:])[:, b, win]  # noqa: E731
-        return rows[b, win], g[b, win], pick(k), pick(v), win
+        return rows[b, win], g[b, win], pick(k), pick(v), win, cache
 
     def _step(self, params: Params, s: MRState) -> MRState:
         one = lambda _: self._verify(params, s, s.row[:, None])  # noqa: E731
@@ -143,14 +145,14 @@ class MRDecoder(BlockDecoder):
             many = lambda _: self._verify(params, s, jnp.concatenate([s.row[:, None], cands], axis=1))  # noqa: E731
             recycled = found.any(axis=-1)
             if self.shape is None:
-                d, g, k_new, v_new, win = jax.lax.cond(jnp.any(recycled & ~s.done), many, one, None)
+                d, g, k_new, v_new, win, cache = jax.lax.cond(jnp.any(recycled & ~s.done), many, one, None)
             else:  # one program shape: rows without a candidate repeat the draft, which wins their ties
-                d, g, k_new, v_new, win = many(None)
+                d, g, k_new, v_new, win, cache = many(None)
         else:
             recycled = jnp.zeros_like(s.done)
-            d, g, k_new, v_new, win = one(None)
+            d, g, k_new, v_new, win, cache = one(None)
         rows, accepted = jax.vmap(self._advance)(dataclasses.replace(s, cache=None), d, g, win, recycled)
-        return dataclasses.replace(rows, cache=s.cache.write(k_new, v_new).commit(accepted))
+        return dataclasses.replace(rows, cache=cache.write(k_new, v_new).commit(accepted))
 
     def _advance(self, s: MRState, d, g, win, recycled):
         """One row's bookkeeping after the forward: ``d`` [W] is the verified row (the winner), ``g`` its

@@ -29,12 +29,12 @@ def forward_rows(params: Params, cfg: ModelConfig, tokens, valid, cache: KVCache
     B rows, each shared by its R consecutive token rows (``model.forward_shared_prefix``); the cache is not written.
 
     Returns (predictions [B*R, W]: the token chosen after each, with the token rows' ``sample_keys`` [B*R, 2];
-    new keys [L, B*R, W, K, Dh], new values).
+    new keys [L, B*R, W, K, Dh], new values; the cache to write the kept row into, ``forward_shared_prefix``).
     """
-    hidden, new_k, new_v = forward_shared_prefix(params, cfg, tokens, cache, valid=valid)
+    hidden, new_k, new_v, cache = forward_shared_prefix(params, cfg, tokens, cache, valid=valid)
     R = tokens.shape[0] // cache.lengths.shape[0]
     positions = jnp.repeat(cache.lengths, R)[:, None] + jnp.arange(tokens.shape[1])  # of the row's tokens
-    return choose(sampling, logits(params, cfg, hidden), positions + 1, sample_keys), new_k, new_v
+    return choose(sampling, logits(params, cfg, hidden), positions + 1, sample_keys), new_k, new_v, cache
 
 
 def pick_winner(rows, preds, row_len, ra_len):

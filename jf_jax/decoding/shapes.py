@@ -110,7 +110,8 @@ def fixed_forward(params, cfg: ModelConfig, shape: DecodeShape, tokens, valid, c
     pad = ((0, 0), (0, R - rows), (0, W - width))
     flat_tokens = jnp.pad(tokens, pad).reshape(B * R, W)
     flat_valid = jnp.pad(valid, pad).reshape(B * R, W)
-    hidden, new_k, new_v = forward_shared_prefix(params, cfg, flat_tokens, cache, valid=flat_valid, whole_cache=True)
+    hidden, new_k, new_v, _ = forward_shared_prefix(params, cfg, flat_tokens, cache, valid=flat_valid,
+                                                    whole_cache=True)
     positions = jnp.repeat(cache.lengths, R)[:, None] + jnp.arange(W)
     g = choose(sampling, logits(params, cfg, hidden), positions + 1, jnp.repeat(sample_keys, R, axis=0))
     kv = lambda x: x.reshape((x.shape[0], B, R, W) + x.shape[3:])[:, :, :rows, :width]  # noqa: E731

@@ -249,8 +249,10 @@ def forward_shared_prefix(params: Params | DecodeView, cfg: ModelConfig, tokens,
 
     Row r's tokens sit at positions ``lengths[r // R] + arange(W)``; ``valid`` [Bc*R, W] (default all) marks
     padding queries as False. A cache row is shared by its R rows inside each layer (never copied per row)
-    and not written: returns (hidden [Bc*R, W, D], new keys, new values [L, Bc*R, W, K, Dh]) so the caller can
-    write back only the row it keeps (rejection recycling). ``whole_cache`` as in ``forward``.
+    and not written: returns (hidden [Bc*R, W, D], new keys, new values [L, Bc*R, W, K, Dh], the cache as the layers
+    pass it on) so the caller can write back only the row it keeps (rejection recycling), into that cache: the
+    write then follows every layer's read, and XLA does it in place (``layer_attention``). ``whole_cache`` as in
+    ``forward``.
     """
     tokens = jnp.asarray(tokens, jnp.int32)
     rows, W = tokens.shape
@@ -260,7 +262,7 @@ def forward_shared_prefix(params: Params | DecodeView, cfg: ModelConfig, tokens,
     starts = jnp.repeat(cache.lengths, rows // cache.batch_size)
     positions = starts[:, None] + jnp.arange(W, dtype=jnp.int32)
     q_meta = causal_meta(positions, valid=None if valid is None else jnp.broadcast_to(valid, (rows, W)))
-    return _stack(params, cfg, tokens, positions, q_meta, cache, MASK_NOISE_CONDITIONED, whole_cache)[:3]
+    return _stack(params, cfg, tokens, positions, q_meta, cache, MASK_NOISE_CONDITIONED, whole_cache)
 
 
 def logits(params: Params | DecodeView, cfg: ModelConfig, hidden):
