@@ -24,7 +24,7 @@ from jf_jax.model.config import ModelConfig
 from jf_jax.model.decode_view import MATMUL_WEIGHTS, DecodeView, Shards
 from jf_jax.model.kv_cache import KVCache
 from cpu_kernels import PackedWeight
-from jf_jax.model.cached_attention import cached_attention, layer_attention, whole_cache_attention
+from jf_jax.model.cached_attention import layer_attention
 from jf_jax.model.quantize import Int8Weight
 from jf_jax.model.token_meta import causal_meta
 from jf_jax.model.weight_matmul import DotRows, matmul, this_machine_dot_rows
@@ -69,10 +69,9 @@ def _projections(layer: Params, h, fused: str, names, shapes, equation: str, dty
 def _layer(cfg: ModelConfig, x, layer: Params, rope_tabs, q_meta, cache_kv, mask_kind, row_tile,
            whole_cache: bool = False):
     """One decoder layer. x: [B, T, D]; ``cache_kv`` is None (attention among the tokens, by ``q_meta``) or
-    (cached keys, cached values, layer, lengths): this layer's [Bc, S, K, Dh] with layer None, or every layer's
-    [L, Bc, S, K, Dh] and this layer's index (``layer_attention``), read by ``cached_attention`` or, with
-    ``whole_cache``, ``whole_cache_attention``. Returns the new x, this layer's new (k, v) [B, T, K, Dh] and the
-    caches as read (those ``layer_attention`` passes on; None without a cache)."""
+    (cached keys, cached values [L, Bc, S, K, Dh], this layer's index in them, lengths), read by
+    ``layer_attention`` (``whole_cache`` as there). Returns the new x, this layer's new (k, v) [B, T, K, Dh] and the
+    caches as ``layer_attention`` passes them on (None without a cache)."""
     dt = cfg.compute_dtype
 
     with jax.named_scope("attention"):
@@ -92,10 +91,6 @@ def _layer(cfg: ModelConfig, x, layer: Params, rope_tabs, q_meta, cache_kv, mask
         read = None
         if cache_kv is None:
             attn = _attend(cfg, q, k, v, q_meta, q_meta, mask_kind)  # [B, T, H, Dh]
-        elif cache_kv[2] is None:
-            cached_k, cached_v, _, lengths = cache_kv
-            attend = whole_cache_attention if whole_cache else cached_attention
-            attn = attend(q, k, v, q_meta.segment >= 0, cached_k, cached_v, lengths)
         else:
             cached_k, cached_v, index, lengths = cache_kv
             attn, *read = layer_attention(q, k, v, q_meta.segment >= 0, cached_k, cached_v, lengths, index,
@@ -155,14 +150,15 @@ def _loop_layers(layers: tuple[dict, ...], body, x, cache: KVCache | None):
 
 
 def _scan_layers(layers: dict, remat: bool, body, x, cache: KVCache | None):
-    """Stacked layers under ``lax.scan`` (rematerialised per layer with ``remat``)."""
+    """Stacked layers under ``lax.scan`` (rematerialised per layer with ``remat``); each layer's slice of the cache
+    is its body's cache of one layer."""
     def step(x, per_layer):
-        x, kv, _ = body(x, per_layer)
-        return x, kv
+        layer, kv = per_layer
+        x, new_kv, _ = body(x, (layer, None if kv is None else (kv[0][None], kv[1][None], 0)))
+        return x, new_kv
 
     step = jax.checkpoint(step) if remat else step
-    per_layer = None if cache is None else (cache.k, cache.v, None)
-    x, (new_k, new_v) = jax.lax.scan(step, x, (layers, per_layer))
+    x, (new_k, new_v) = jax.lax.scan(step, x, (layers, None if cache is None else (cache.k, cache.v)))
     return x, new_k, new_v, cache
 
 
@@ -171,7 +167,7 @@ def _stack(params: Params | DecodeView, cfg: ModelConfig, tokens, positions, q_m
     """Embedding, every layer and the final norm. Returns (hidden, new keys, new values [L, B, T, K, Dh], the cache
     as the layers pass it on: what a write of the new keys goes into, ``_loop_layers``; None without a cache).
 
-    With a cache the tokens attend through ``cached_attention``; a cache of Bc rows serves B rows of ``tokens``
+    With a cache the tokens attend through ``layer_attention``; a cache of Bc rows serves B rows of ``tokens``
     in groups of B // Bc (shared inside each layer, never copied per row), and fewer tokens than the layout's
     ``DotRows.fewest`` are run with padding tokens after them (``_pad_tokens``).
     """
