@@ -207,3 +207,16 @@ def test_a_decode_loop_reads_and_writes_the_cache_where_it_lies(rows, kernels, m
     made = [line for line in body if whole in line and not plumbing.search(line)]
     assert len(made) == 2, "expected only the keys' and the values' writes to make a whole cache:\n" + "\n".join(made)
     assert not [line for line in body if layer in line], "a layer's cache is copied out for the kernel"
+
+
+def test_a_decode_forward_computes_its_rotary_tables_once():
+    """The decode layout's unrolled layers read the rotary tables of one forward, computed once: XLA:CPU would
+    otherwise fuse cosine and sine into each layer's rotation of q and of k and recompute them for every head and
+    lane (``rope_tables(unfused=True)``), a cost that grows with the tokens of a block."""
+    cfg = MID.replace(dtype="bfloat16")
+    params = decode_view(cast_params(init_params(cfg, jax.random.PRNGKey(0)), cfg.compute_dtype), pack=True)
+    cache = KVCache.init(cfg, 1, 64).with_lengths(40)
+    block = decode_jit(lambda p, t, c: logits(p, cfg, forward(p, cfg, t, cache=c)[0]))
+    text = block.program().lower(params, jnp.zeros((1, 8), jnp.int32), cache).compile().as_text()
+    assert cfg.num_layers > 1
+    assert (len(re.findall(r"\scosine\(", text)), len(re.findall(r"\ssine\(", text))) == (1, 1)

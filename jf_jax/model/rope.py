@@ -83,18 +83,39 @@ def inv_frequencies(cfg: ModelConfig) -> np.ndarray:
     return inv.astype(np.float32)
 
 
-def rope_tables(positions, cfg: ModelConfig):
+def rope_tables(positions, cfg: ModelConfig, *, unfused: bool = False):
     """cos, sin tables [B, T, 1, Dh/2] of the rotary embedding, computed once per forward.
 
     Angles are computed in float32: in bfloat16, positions past a few hundred lose the precision to
     distinguish neighbouring tokens.
+
+    ``unfused``: make the tables arrays of their own (``_unfused``) rather than leave XLA to fuse them into their
+    users. XLA:CPU counts cosine and sine as cheap elementwise operations and fuses them into every consumer: in
+    the decode layout (a Python loop over layers) each layer's rotation of q and of k recomputed both tables for
+    every head and lane of its output, 60 fusions per forward on a 30-layer model, each computing (heads x Dh)
+    transcendentals per token, a cost that grows with the tokens of a Jacobi block.
     """
     angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_frequencies(cfg))  # [B, T, Dh/2]
     scale = attention_factor(cfg.rope_scaling)
     cos, sin = jnp.cos(angles), jnp.sin(angles)
     if scale != 1.0:
         cos, sin = cos * jnp.float32(scale), sin * jnp.float32(scale)
+    if unfused:
+        cos, sin = _unfused(jnp.stack([cos, sin]))
     return cos[:, :, None, :], sin[:, :, None, :]
+
+
+def _unfused(tables):
+    """``tables`` [..., n] float32, with the same bits (a -0.0 may become +0.0), as the result of a dot.
+
+    XLA keeps a dot's result in a buffer of its own and never fuses the dot into its users, so what the tables
+    cost is paid once. The product with the identity is exact: each output is its input times one plus products
+    with zero. (``lax.optimization_barrier`` does not do this: XLA:CPU removes barriers before fusing.) Only for
+    backends whose float32 dots are float32 (the CPU; elsewhere the default precision may round the input).
+    """
+    n = tables.shape[-1]
+    flat = tables.reshape(-1, n)
+    return jnp.dot(flat, jnp.eye(n, dtype=jnp.float32), precision="highest").reshape(tables.shape)
 
 
 def rope(x, tables):

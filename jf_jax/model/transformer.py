@@ -118,6 +118,8 @@ class _Layout:
     """``this_machine_dot_rows`` of the compute dtype when decoding: every row is computed alike however many share
     a dot. In training no tile (XLA picks its fastest dot for the whole batch), and a lone cached token is padded to
     two rows as in decoding."""
+    rope_unfused: bool
+    """``rope_tables(unfused=...)``: on CPU in the decode layout, whose unrolled layers would each recompute them."""
     run_layers: Callable
     """(body, x, cache) -> (x, new keys, new values [L, B, T, K, Dh], the cache as read, None without one): every
     layer's ``body(x, (layer, kv))``."""
@@ -127,11 +129,11 @@ def _layout(params: Params | DecodeView, cfg: ModelConfig) -> _Layout:
     """The one place the forward tells the stacked tree (training) from the ``DecodeView`` (decoding)."""
     if isinstance(params, DecodeView):
         return _Layout(params.embed, params.final_norm, params.lm_head, this_machine_dot_rows(cfg.dtype),
-                       functools.partial(_loop_layers, params.layers))
+                       jax.default_backend() == "cpu", functools.partial(_loop_layers, params.layers))
     # The declared layout: each matmul weight is one unsplit shard.
     layers = {k: (w,) if k in MATMUL_WEIGHTS else w for k, w in params["layers"].items()}
     lm_head = (params["lm_head"],) if "lm_head" in params else None
-    return _Layout(params["embed"], params["final_norm"], lm_head, DotRows(2, None),
+    return _Layout(params["embed"], params["final_norm"], lm_head, DotRows(2, None), False,
                    functools.partial(_scan_layers, layers, cfg.remat))
 
 
@@ -178,7 +180,7 @@ def _stack(params: Params | DecodeView, cfg: ModelConfig, tokens, positions, q_m
         x, new_k, new_v, read = _stack(params, cfg, *padded, cache, mask_kind, whole_cache)
         return x[:, :T], new_k[:, :, :T], new_v[:, :, :T], read
     x = layout.embed.astype(cfg.compute_dtype)[tokens]  # [B, T, D]
-    rope_tabs = rope_tables(positions, cfg)
+    rope_tabs = rope_tables(positions, cfg, unfused=layout.rope_unfused)
 
     def body(x, per_layer):
         layer, cache_kv = per_layer
