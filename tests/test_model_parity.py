@@ -156,3 +156,13 @@ def test_rms_norm_and_rope_match_transformers():
     cfg = from_hf_config(make_hf_model("llama", tie=False).config.to_dict()).replace(head_dim=16, rope_theta=1000.0)
     ours = rope(jnp.asarray(q), rope_tables(jnp.asarray(positions), cfg))
     np.testing.assert_allclose(np.asarray(ours), ref_q, atol=2e-5)
+
+
+def test_unfused_rotary_tables_have_the_same_bits():
+    """``rope_tables(unfused=True)`` (what the decode layout uses on CPU) is the same tables, not an approximation:
+    the product with the identity that keeps XLA from fusing them into each layer is exact."""
+    cfg = from_hf_config(make_hf_model("llama", tie=False).config.to_dict()).replace(head_dim=64)
+    positions = jnp.arange(4096, dtype=jnp.int32).reshape(2, 2048)
+    fused, unfused = (jax.jit(lambda p, u=u: rope_tables(p, cfg, unfused=u))(positions) for u in (False, True))
+    for a, b in zip(fused, unfused):
+        np.testing.assert_array_equal(np.asarray(a).view(np.uint32), np.asarray(b).view(np.uint32))
