@@ -220,3 +220,26 @@ def test_a_decode_forward_computes_its_rotary_tables_once():
     text = block.program().lower(params, jnp.zeros((1, 8), jnp.int32), cache).compile().as_text()
     assert cfg.num_layers > 1
     assert (len(re.findall(r"\scosine\(", text)), len(re.findall(r"\ssine\(", text))) == (1, 1)
+
+
+@pytest.mark.parametrize("pack", [True, False])
+def test_a_decode_loop_makes_no_float32_copy_of_the_embedding(pack):
+    """The decode view holds a bf16 embedding as its bits (``DecodeView.embed_dtype``): a loop that looks up its
+    tokens' rows never converts the whole table to float32 (XLA:CPU's float normalization of a bf16 gather, which
+    the loop would hoist and pay at every call). Packed: the GEMM kernels' layout; unpacked: XLA's dots."""
+    cfg = MID.replace(dtype="bfloat16")
+    params = decode_view(cast_params(init_params(cfg, jax.random.PRNGKey(0)), cfg.compute_dtype), pack=pack)
+    assert params.embed_dtype == "bfloat16"
+    cache = KVCache.init(cfg, 1, 64).with_lengths(40)
+
+    @decode_jit
+    def greedy_steps(params, cache, stop):
+        def step(state):
+            tokens, c = state
+            hidden, c = forward(params, cfg, tokens, cache=c)
+            return jnp.argmax(logits(params, cfg, hidden), axis=-1).astype(jnp.int32), c.commit(1)
+
+        return jax.lax.while_loop(lambda s: s[1].lengths[0] < stop, step, (jnp.zeros((1, 1), jnp.int32), cache))
+
+    text = greedy_steps.program().lower(params, cache, jnp.int32(44)).compile().as_text()
+    assert f"f32[{cfg.vocab_size},{cfg.hidden_size}]" not in text

@@ -111,6 +111,9 @@ class _Layout:
     """Either layout of the parameters, as the forward reads it (trace-time only)."""
 
     embed: jax.Array
+    """The [V, D] embedding table (traced only where a tied, unsplit output projection multiplies it)."""
+    embedding_rows: Callable
+    """tokens -> their embedding rows, in the table's dtype (``DecodeView.embedding_rows``)."""
     final_norm: jax.Array
     lm_head: Shards | PackedWeight | Int8Weight | None
     """The output projection in any matmul form; None for tied embeddings held unsplit (the embedding is reused)."""
@@ -128,13 +131,14 @@ class _Layout:
 def _layout(params: Params | DecodeView, cfg: ModelConfig) -> _Layout:
     """The one place the forward tells the stacked tree (training) from the ``DecodeView`` (decoding)."""
     if isinstance(params, DecodeView):
-        return _Layout(params.embed, params.final_norm, params.lm_head, this_machine_dot_rows(cfg.dtype),
-                       jax.default_backend() == "cpu", functools.partial(_loop_layers, params.layers))
+        return _Layout(params.embedding_table(), params.embedding_rows, params.final_norm, params.lm_head,
+                       this_machine_dot_rows(cfg.dtype), jax.default_backend() == "cpu",
+                       functools.partial(_loop_layers, params.layers))
     # The declared layout: each matmul weight is one unsplit shard.
     layers = {k: (w,) if k in MATMUL_WEIGHTS else w for k, w in params["layers"].items()}
     lm_head = (params["lm_head"],) if "lm_head" in params else None
-    return _Layout(params["embed"], params["final_norm"], lm_head, DotRows(2, None), False,
-                   functools.partial(_scan_layers, layers, cfg.remat))
+    return _Layout(params["embed"], lambda tokens: params["embed"][tokens], params["final_norm"], lm_head,
+                   DotRows(2, None), False, functools.partial(_scan_layers, layers, cfg.remat))
 
 
 def _loop_layers(layers: tuple[dict, ...], body, x, cache: KVCache | None):
@@ -179,7 +183,7 @@ def _stack(params: Params | DecodeView, cfg: ModelConfig, tokens, positions, q_m
         padded = _pad_tokens(tokens, positions, q_meta, -(-layout.dot_rows.fewest // B))
         x, new_k, new_v, read = _stack(params, cfg, *padded, cache, mask_kind, whole_cache)
         return x[:, :T], new_k[:, :, :T], new_v[:, :, :T], read
-    x = layout.embed.astype(cfg.compute_dtype)[tokens]  # [B, T, D]
+    x = layout.embedding_rows(tokens).astype(cfg.compute_dtype)  # [B, T, D]
     rope_tabs = rope_tables(positions, cfg, unfused=layout.rope_unfused)
 
     def body(x, per_layer):

@@ -93,7 +93,7 @@ def step_weight_bytes(view) -> int:
     read bandwidth, this bounds AR's tokens per second."""
     import jax
 
-    head = view.lm_head if view.lm_head is not None else view.embed
+    head = view.lm_head if view.lm_head is not None else view.embed  # bits or table: the same bytes
     return sum(x.nbytes for x in jax.tree.leaves((view.layers, view.final_norm, head)))
 
 
