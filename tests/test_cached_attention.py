@@ -175,6 +175,25 @@ def _while_body(compiled_hlo: str) -> list[str]:
     return lines[start + 1:end]
 
 
+def _greedy_loop_text(params, cfg, cache, rows: int = 1) -> str:
+    """The compiled text of a greedy decode loop over ``cache`` (every layer's attention feeds the next tokens).
+    One row: AR's ``forward``; more: candidate rows over one cache row, the first one's keys written, as mr does."""
+    @decode_jit
+    def greedy_steps(params, cache, stop):
+        def step(state):
+            tokens, c = state
+            if rows == 1:
+                hidden, c = forward(params, cfg, tokens, cache=c)
+            else:
+                hidden, k, v, c = forward_shared_prefix(params, cfg, tokens, c)
+                c = c.write(k[:, :1], v[:, :1])
+            return jnp.argmax(logits(params, cfg, hidden), axis=-1).astype(jnp.int32), c.commit(1)
+
+        return jax.lax.while_loop(lambda s: s[1].lengths[0] < stop, step, (jnp.zeros((rows, 1), jnp.int32), cache))
+
+    return greedy_steps.program().lower(params, cache, jnp.int32(cache.lengths[0] + 4)).compile().as_text()
+
+
 @pytest.mark.parametrize("kernels", ["avx512", "avx2"])
 @pytest.mark.parametrize("rows", [1, 3])
 def test_a_decode_loop_reads_and_writes_the_cache_where_it_lies(rows, kernels, monkeypatch):
@@ -187,21 +206,7 @@ def test_a_decode_loop_reads_and_writes_the_cache_where_it_lies(rows, kernels, m
     cfg = MID.replace(dtype="bfloat16")
     params = decode_view(cast_params(init_params(cfg, jax.random.PRNGKey(0)), cfg.compute_dtype), pack=True)
     cache = KVCache.init(cfg, 1, 256).with_lengths(40)
-
-    @decode_jit
-    def greedy_steps(params, cache, stop):  # every layer's attention feeds the next tokens
-        def step(state):
-            tokens, c = state
-            if rows == 1:
-                hidden, c = forward(params, cfg, tokens, cache=c)
-            else:
-                hidden, k, v, c = forward_shared_prefix(params, cfg, tokens, c)
-                c = c.write(k[:, :1], v[:, :1])
-            return jnp.argmax(logits(params, cfg, hidden), axis=-1).astype(jnp.int32), c.commit(1)
-
-        return jax.lax.while_loop(lambda s: s[1].lengths[0] < stop, step, (jnp.zeros((rows, 1), jnp.int32), cache))
-
-    body = _while_body(greedy_steps.program().lower(params, cache, jnp.int32(44)).compile().as_text())
+    body = _while_body(_greedy_loop_text(params, cfg, cache, rows))
     whole, layer = (f"= bf16[{','.join(map(str, s))}]" for s in (cache.k.shape, cache.k.shape[1:]))
     plumbing = re.compile(r"\s(get-tuple-element|tuple|bitcast|parameter)\(")
     made = [line for line in body if whole in line and not plumbing.search(line)]
@@ -230,16 +235,5 @@ def test_a_decode_loop_makes_no_float32_copy_of_the_embedding(pack):
     cfg = MID.replace(dtype="bfloat16")
     params = decode_view(cast_params(init_params(cfg, jax.random.PRNGKey(0)), cfg.compute_dtype), pack=pack)
     assert params.embed_dtype == "bfloat16"
-    cache = KVCache.init(cfg, 1, 64).with_lengths(40)
-
-    @decode_jit
-    def greedy_steps(params, cache, stop):
-        def step(state):
-            tokens, c = state
-            hidden, c = forward(params, cfg, tokens, cache=c)
-            return jnp.argmax(logits(params, cfg, hidden), axis=-1).astype(jnp.int32), c.commit(1)
-
-        return jax.lax.while_loop(lambda s: s[1].lengths[0] < stop, step, (jnp.zeros((1, 1), jnp.int32), cache))
-
-    text = greedy_steps.program().lower(params, cache, jnp.int32(44)).compile().as_text()
+    text = _greedy_loop_text(params, cfg, KVCache.init(cfg, 1, 64).with_lengths(40))
     assert f"f32[{cfg.vocab_size},{cfg.hidden_size}]" not in text
