@@ -4,19 +4,22 @@
   ones (same packing, same bits; twin: ``gemm_reference``);
 * ``int8_gemm``: the W8A8 matmul, rows quantised to int8 and an exact int32 product (twin: ``w8a8_reference``);
 * ``decode_attention``: a step's attention over the KV cache, for AVX-512 CPUs and for AVX2 ones (twin:
-  ``jf_jax.model.cached_attention``); ``decode_attention_in_cache`` reads one layer of every layer's cache in place.
+  ``jf_jax.model.cached_attention``); ``decode_attention_in_cache`` reads one layer of every layer's cache in place;
+* ``cache_write``: a decode step's KV-cache write, in place (twin: ``lax.dynamic_update_slice``).
 
 ``library`` builds nothing: ``python -m cpu_kernels.build`` compiles them (scripts/install.sh runs it) in two
-sets, ``library.AVX512`` (all three) and ``library.AVX2`` (the GEMM and the attention), and ``available(set)``
-says whether a set runs here. This package imports nothing from ``jf_jax``.
+sets, ``library.AVX512`` (the first three) and ``library.AVX2`` (the GEMM, the attention and the cache write), and
+``available(set)`` says whether a set runs here. This package imports nothing from ``jf_jax``.
 """
 
 from cpu_kernels.bf16_gemm import PackedWeight, gemm, gemm_reference, pack_weight
 from cpu_kernels.int8_gemm import PackedInt8, pack_int8, quantize_rows, unpack_int8, w8a8_matmul, w8a8_reference
 from cpu_kernels.decode_attention import decode_attention, decode_attention_in_cache, kernel_set as attention_kernel_set
 from cpu_kernels.decode_attention import supports as attention_supports
+from cpu_kernels.cache_write import available as cache_write_available, write_cache
 from cpu_kernels.library import available, unavailable_reason
 
 __all__ = ["PackedInt8", "PackedWeight", "attention_kernel_set", "attention_supports", "available",
-           "decode_attention", "decode_attention_in_cache", "gemm", "gemm_reference", "pack_int8", "pack_weight",
-           "quantize_rows", "unavailable_reason", "unpack_int8", "w8a8_matmul", "w8a8_reference"]
+           "cache_write_available", "decode_attention", "decode_attention_in_cache", "gemm", "gemm_reference",
+           "pack_int8", "pack_weight", "quantize_rows", "unavailable_reason", "unpack_int8", "w8a8_matmul",
+           "w8a8_reference", "write_cache"]

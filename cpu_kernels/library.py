@@ -53,9 +53,9 @@ AVX512 = KernelSet("avx512", (HERE / "bf16_gemm.cc", HERE / "int8_gemm.cc", HERE
                    (("jf_bf16_gemm", "JfBf16Gemm"), ("jf_w8a8_bf16", "JfW8A8Bf16"), ("jf_w8a8_f32", "JfW8A8F32"),
                     ("jf_decode_attention_bf16", "JfDecodeAttentionBf16"),
                     ("jf_decode_attention_f32", "JfDecodeAttentionF32")))
-AVX2 = KernelSet("avx2", (HERE / "bf16_gemm_avx2.cc", HERE / "decode_attention_avx2.cc"), ("avx2", "fma"),
-                 ("-mavx2", "-mfma"),
-                 (("jf_bf16_gemm_avx2", "JfBf16GemmAvx2"),
+AVX2 = KernelSet("avx2", (HERE / "bf16_gemm_avx2.cc", HERE / "decode_attention_avx2.cc", HERE / "cache_write.cc"),
+                 ("avx2", "fma"), ("-mavx2", "-mfma"),
+                 (("jf_bf16_gemm_avx2", "JfBf16GemmAvx2"), ("jf_cache_write", "JfCacheWrite"),
                   ("jf_decode_attention_avx2_bf16", "JfDecodeAttentionAvx2Bf16"),
                   ("jf_decode_attention_avx2_f32", "JfDecodeAttentionAvx2F32")))
 KERNEL_SETS = (AVX512, AVX2)

@@ -206,12 +206,16 @@ def test_a_decode_loop_reads_and_writes_the_cache_where_it_lies(rows, kernels, m
     cfg = MID.replace(dtype="bfloat16")
     params = decode_view(cast_params(init_params(cfg, jax.random.PRNGKey(0)), cfg.compute_dtype), pack=True)
     cache = KVCache.init(cfg, 1, 256).with_lengths(40)
-    body = _while_body(_greedy_loop_text(params, cfg, cache, rows))
+    text = _greedy_loop_text(params, cfg, cache, rows)
+    body = _while_body(text)
     whole, layer = (f"= bf16[{','.join(map(str, s))}]" for s in (cache.k.shape, cache.k.shape[1:]))
     plumbing = re.compile(r"\s(get-tuple-element|tuple|bitcast|parameter)\(")
     made = [line for line in body if whole in line and not plumbing.search(line)]
     assert len(made) == 2, "expected only the keys' and the values' writes to make a whole cache:\n" + "\n".join(made)
     assert not [line for line in body if layer in line], "a layer's cache is copied out for the kernel"
+    # The writes copy the new slots only (``cpu_kernels.write_cache``): XLA:CPU would compute a bf16
+    # dynamic-update-slice over a float32 image of the whole cache, a pass over all of it at every step.
+    assert f"f32[{','.join(map(str, cache.k.shape))}]" not in text, "a write converts the whole cache"
 
 
 def test_a_decode_forward_computes_its_rotary_tables_once():

@@ -23,6 +23,7 @@ import cpu_kernels
 from cpu_kernels.bf16_gemm import KERNELS, gemm_kernel, kernel_target, unpack_weight
 from jf_jax.model.cached_attention import cached_attention
 from jf_jax.model.decode_view import decode_view, stacked_params
+from jf_jax.model.kv_cache import KVCache, write_rows
 from jf_jax.model.params import cast_params, init_params
 from jf_jax.model.transformer import forward_logits
 from tests.support import kernel_gate
@@ -162,6 +163,30 @@ def test_attention_kernel_matches_its_jax_twin_and_is_batch_invariant(dtype, ker
     np.testing.assert_array_equal(grouped[:3], shared)
     alone = np.asarray(kernel(rows(q), rows(k), rows(v), valid, other_k, other_v, jnp.asarray([33], jnp.int32)))
     np.testing.assert_array_equal(grouped[3:], alone)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_cache_write_kernel_gives_its_twins_bits(dtype):
+    """``cpu_kernels.write_cache`` against ``kv_cache.write_rows``, starts clamped (and negative ones read) as
+    ``lax.dynamic_update_slice`` does; ``KVCache.write`` runs the kernel where it runs and gives the same cache."""
+    kernel_gate.apply(kernel_gate.this_machine("avx2"))
+    rng = np.random.default_rng(5)
+    dt = jnp.dtype(dtype)
+    cache = jnp.asarray(rng.standard_normal((3, 2, 40, 3, 64)), dt)
+    block = jnp.asarray(rng.standard_normal((3, 2, 8, 3, 64)), dt)
+    kernel = jax.jit(cpu_kernels.write_cache)
+    for lengths in ([0, 5], [33, 32], [-3, 100], [-60, -1]):
+        lengths = jnp.asarray(lengths, jnp.int32)
+        want = np.asarray(write_rows(cache, block, lengths))
+        np.testing.assert_array_equal(np.asarray(kernel(cache, block, lengths)).view(np.uint8), want.view(np.uint8))
+    kv = KVCache(k=cache, v=cache[::-1], lengths=jnp.asarray([7, 30], jnp.int32))
+    write = jax.jit(KVCache.write)
+    assert "jf_cache_write" in write.lower(kv, block, block).as_text()
+    written = write(kv, block, block[::-1])
+    np.testing.assert_array_equal(np.asarray(written.k), np.asarray(write_rows(kv.k, block, kv.lengths)))
+    np.testing.assert_array_equal(np.asarray(written.v), np.asarray(write_rows(kv.v, block[::-1], kv.lengths)))
+    with pytest.raises(ValueError, match="does not fit"):
+        cpu_kernels.write_cache(cache, block[:, :1], lengths)
 
 
 @needs_kernel

@@ -9,10 +9,12 @@ overwrites them. Nothing is ever copied to roll back, which is what Jacobi decod
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 
+import cpu_kernels
 from jf_jax.model.config import ModelConfig
 
 
@@ -55,16 +57,18 @@ class KVCache:
 
         The caller guarantees ``lengths + T <= capacity`` (decoders size the cache for the prompt bucket,
         the new tokens and one block); ``dynamic_update_slice`` would otherwise clamp the start silently.
+        Where the CPU kernels run, the write is ``cpu_kernels.write_cache`` (same result): XLA:CPU computes a
+        16-bit float ``dynamic_update_slice`` as a float32 pass over the whole cache, at every decode step.
         """
-        def write_rows(cache, block):  # [L, B, S, K, Dh], [L, B, T, K, Dh]
-            # One update per row of the whole array, not a vmapped one: XLA does these in place inside a decode
-            # loop, where a vmapped update becomes a pass that rewrites (and first copies) the whole cache.
-            block = block.astype(cache.dtype)
-            for b in range(cache.shape[1]):
-                cache = jax.lax.dynamic_update_slice(cache, block[:, b:b + 1], (0, b, self.lengths[b], 0, 0))
-            return cache
-
-        return dataclasses.replace(self, k=write_rows(self.k, k_block), v=write_rows(self.v, v_block))
+        if k_block.shape[1] != self.batch_size or v_block.shape[1] != self.batch_size:
+            raise ValueError(f"KVCache.write: blocks of {k_block.shape[1]} rows for a cache of {self.batch_size}")
+        if cpu_kernels.cache_write_available():
+            def write(cache, block):
+                return jax.lax.platform_dependent(cache, block, self.lengths, cpu=cpu_kernels.write_cache,
+                                                  default=write_rows)
+        else:
+            write = functools.partial(write_rows, lengths=self.lengths)
+        return dataclasses.replace(self, k=write(self.k, k_block), v=write(self.v, v_block))
 
     def commit(self, num_tokens) -> "KVCache":
         """Advances each row's length by ``num_tokens`` ([B] or scalar): those written slots become valid."""
@@ -73,3 +77,13 @@ class KVCache:
     def with_lengths(self, lengths) -> "KVCache":
         """Sets the committed lengths (a rollback when smaller): later slots become dead, nothing is copied."""
         return dataclasses.replace(self, lengths=jnp.broadcast_to(jnp.asarray(lengths, jnp.int32), self.lengths.shape))
+
+
+def write_rows(cache, block, lengths):
+    """cache [L, B, S, K, Dh] with block [L, B, T, K, Dh] written at slot ``lengths[b]`` of each row b."""
+    # One update per row of the whole array, not a vmapped one: XLA does these in place inside a decode loop,
+    # where a vmapped update becomes a pass that rewrites (and first copies) the whole cache.
+    block = block.astype(cache.dtype)
+    for b in range(cache.shape[1]):
+        cache = jax.lax.dynamic_update_slice(cache, block[:, b:b + 1], (0, b, lengths[b], 0, 0))
+    return cache
