@@ -22,8 +22,15 @@ static double now(void) {
 // ``chains`` independent accumulators, FMAS fused multiply-adds in all; returns a value that depends on every one.
 static float run(int chains) {
   const __m256 x = _mm256_set1_ps(1.0000001f), y = _mm256_set1_ps(0.9999999f);
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0;
-  __m256 a7 = a0, a8 = a0, a9 = a0, a10 = a0, a11 = a0, a12 = a0, a13 = a0;
+  // Each chain starts from its own value, read at run time: chains with equal starts compute equal values, and
+  // the compiler keeps one of them (an earlier form of this file did, and so timed one chain as if it were all).
+  volatile float start = 0.001f;
+  const float s0 = start;
+#define START(i) _mm256_set1_ps(s0 * (i + 1))
+  __m256 a0 = START(0), a1 = START(1), a2 = START(2), a3 = START(3), a4 = START(4), a5 = START(5), a6 = START(6);
+  __m256 a7 = START(7), a8 = START(8), a9 = START(9), a10 = START(10), a11 = START(11), a12 = START(12);
+  __m256 a13 = START(13);
+#undef START
   switch (chains) {
     case 4:
       for (long i = 0; i < FMAS / 4; ++i) { STEP(0) STEP(1) STEP(2) STEP(3) }
