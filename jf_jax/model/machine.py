@@ -169,8 +169,8 @@ def engine_path(machine: Machine, dtype: str) -> EnginePath:
                           attention)
     return EnginePath(dtype, f"int8 via XLA integer dots ({kernels_absent(machine, 'avx512_vnni')})",
                       "the W8A8 kernel's plain-JAX twin in XLA", attention,
-                      "slow without the VNNI kernel: on a 2-core AVX2-only CPU int8 AR ran at a third of bfloat16's "
-                      "(results/studies/decode_engine_speed/dtypes_epyc_avx2_attention.json)")
+                      "slow without the VNNI kernel: on a 2-core AVX2-only CPU int8 AR ran at a quarter of bfloat16's "
+                      "(results/studies/decode_engine_speed/dtypes_epyc_cache_write.json)")
 
 
 def lossless_evidence(backend: str, dtype: str) -> str:
@@ -186,8 +186,9 @@ def fastest_first(machine: Machine) -> tuple[tuple[str, str], ...]:
                              "(results/studies/decode_engine_speed/bench_engine.md)"),
                 ("float32", "the reference"))
     if machine.backend == "cpu" and machine.avx2_gemm_runs:
-        return (("bfloat16", "bf16 AR through the AVX2 kernels ran at 2.5x float32 AR and 3.1x int8 AR on a "
-                             "2-core AVX2-only AMD EPYC (results/studies/decode_engine_speed/README.md)"),
+        return (("bfloat16", "bf16 AR through the AVX2 kernels ran at 3.1x float32 AR and 4.2x int8 AR on a "
+                             "2-core AVX2-only AMD EPYC "
+                             "(results/studies/decode_engine_speed/dtypes_epyc_cache_write.json)"),
                 ("float32", "the reference"))
     if machine.backend == "cpu":
         # Without the kernels both dtypes run XLA's dots. bf16 reads half the weight bytes, and on the AVX2-only
