@@ -133,13 +133,14 @@ void RunSixRowsAsm(int M) {  // M a multiple of 6
   }
 }
 
-// Four rows x 24 columns (three 8-column registers, which may lie in two slabs: ``w0``, ``w1``, ``w2`` point at
-// each register's first k pair, and every register steps 64 bytes per pair), with twelve accumulators: one FMA
-// chain per accumulator. (Eight chains already keep a Zen 3 core's two FMA units busy, experiments/fma_peak.c; what
-// this block saves is broadcasts per FMA, each of x serving three weight registers.) Twelve accumulators, three
-// weights and a broadcast are all sixteen AVX2 registers, which a compiler cannot keep without spilling, so the registers are allocated by hand: accumulators ymm0-11 (row r, register c
-// in ymm(3r + c)), weights ymm12-14, the broadcast ymm15; the odd-k mask is read from memory. Each output lane's
-// arithmetic is the kernel block's: the same FMAs in the same order, the same bits.
+// Four rows x 24 columns (three 8-column registers, which may lie in two slabs: ``w0``, ``w1``, ``w2`` point at each
+// register's first k pair, and every register steps 64 bytes per pair), with twelve accumulators: one FMA chain per
+// accumulator. (Eight chains already keep a Zen 3 core's two FMA units busy, experiments/fma_peak.c; what this block
+// saves is broadcasts per FMA, each of x serving three weight registers.) Twelve accumulators, three weights and a
+// broadcast are all sixteen AVX2 registers, which a compiler cannot keep without spilling, so the registers are
+// allocated by hand: accumulators ymm0-11 (row r, register c in ymm(3r + c)), weights ymm12-14, the broadcast ymm15;
+// the odd-k mask is read from memory. Each output lane's arithmetic is the kernel block's: the same FMAs in the same
+// order, the same bits.
 void FourRowsBy24Asm(const float* xs, const __m256i* w0, const __m256i* w1, const __m256i* w2, float* o,
                      int64_t n_out) {
   alignas(32) static const int32_t odd_mask[8] = {-65536, -65536, -65536, -65536, -65536, -65536, -65536, -65536};
