@@ -157,40 +157,22 @@ void AttendItem(const Args<E>& a, int64_t b, int64_t kh, int64_t t0, int64_t t1)
   float* probs = reinterpret_cast<float*>(prob_rows.data());
   a.LoadQueries(b, kh, t0, t1, q.data());
   const int64_t last = a.LastVisible(b, t0, t1, len);
-  const int64_t key_stride = a.K * Dh;  // between a kv head's rows of consecutive cached keys
   for (int64_t j0 = 0; j0 <= last; j0 += kBlock) {
     uint32_t key_ok = 0;
-    if (j0 + kBlock + kPrefetchKeys <= len) {
-      // The block and the keys prefetched with it all lie in the cache: their rows are a fixed stride apart.
-      const E* ks = a.cache_k + ((cb * a.S + j0) * a.K + kh) * Dh;
-      const E* vs = a.cache_v + ((cb * a.S + j0) * a.K + kh) * Dh;
-      for (int jj = 0; jj < kBlock; ++jj, ks += key_stride, vs += key_stride) {
+    for (int jj = 0; jj < kBlock; ++jj) {
+      const E *ks, *vs;
+      a.KeyValue(b, cb, kh, len, j0 + jj + kPrefetchKeys, &ks, &vs);
+      if (ks != nullptr) {
         for (int64_t byte = 0; byte < Dh * int64_t(sizeof(E)); byte += 64) {
-          _mm_prefetch(reinterpret_cast<const char*>(ks + kPrefetchKeys * key_stride) + byte, _MM_HINT_T0);
-          _mm_prefetch(reinterpret_cast<const char*>(vs + kPrefetchKeys * key_stride) + byte, _MM_HINT_T0);
-        }
-        for (int64_t d = 0; d < Dh; d += 8) {
-          _mm256_storeu_ps(&kf[jj * Dh + d], Load8(ks + d));
-          _mm256_storeu_ps(&vf[jj * Dh + d], Load8(vs + d));
+          _mm_prefetch(reinterpret_cast<const char*>(ks) + byte, _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(vs) + byte, _MM_HINT_T0);
         }
       }
-      key_ok = 0xFFu;
-    } else {
-      for (int jj = 0; jj < kBlock; ++jj) {
-        const E *ks, *vs;
-        a.KeyValue(b, cb, kh, len, j0 + jj + kPrefetchKeys, &ks, &vs);
-        if (ks != nullptr) {
-          for (int64_t byte = 0; byte < Dh * int64_t(sizeof(E)); byte += 64) {
-            _mm_prefetch(reinterpret_cast<const char*>(ks) + byte, _MM_HINT_T0);
-            _mm_prefetch(reinterpret_cast<const char*>(vs) + byte, _MM_HINT_T0);
-          }
-        }
-        a.KeyValue(b, cb, kh, len, j0 + jj, &ks, &vs);
-        if (ks != nullptr) key_ok |= 1u << jj;
-        for (int64_t d = 0; d < Dh; d += 8) {
-          _mm256_storeu_ps(&kf[jj * Dh + d], ks ? Load8(ks + d) : _mm256_setzero_ps());
-          _mm256_storeu_ps(&vf[jj * Dh + d], vs ? Load8(vs + d) : _mm256_setzero_ps());
-        }
+      a.KeyValue(b, cb, kh, len, j0 + jj, &ks, &vs);
+      if (ks != nullptr) key_ok |= 1u << jj;
+      for (int64_t d = 0; d < Dh; d += 8) {
+        _mm256_storeu_ps(&kf[jj * Dh + d], ks ? Load8(ks + d) : _mm256_setzero_ps());
+        _mm256_storeu_ps(&vf[jj * Dh + d], vs ? Load8(vs + d) : _mm256_setzero_ps());
       }
     }
     // The rows that see this block, then each step for all of them before the next: the rows' chains of dependent
