@@ -9,7 +9,6 @@ overwrites them. Nothing is ever copied to roll back, which is what Jacobi decod
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -62,12 +61,12 @@ class KVCache:
         """
         if k_block.shape[1] != self.batch_size or v_block.shape[1] != self.batch_size:
             raise ValueError(f"KVCache.write: blocks of {k_block.shape[1]} rows for a cache of {self.batch_size}")
-        if cpu_kernels.cache_write_available():
-            def write(cache, block):
-                return jax.lax.platform_dependent(cache, block, self.lengths, cpu=cpu_kernels.write_cache,
-                                                  default=write_rows)
-        else:
-            write = functools.partial(write_rows, lengths=self.lengths)
+        def write(cache, block):
+            if not cpu_kernels.cache_write_available():
+                return write_rows(cache, block, self.lengths)
+            return jax.lax.platform_dependent(cache, block, self.lengths, cpu=cpu_kernels.write_cache,
+                                              default=write_rows)
+
         return dataclasses.replace(self, k=write(self.k, k_block), v=write(self.v, v_block))
 
     def commit(self, num_tokens) -> "KVCache":
