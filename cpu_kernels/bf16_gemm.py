@@ -2,11 +2,12 @@
 
 Why a kernel: XLA:CPU hands bf16 dots to YNNPACK, which re-packs the weight matrix on every call, so a decode
 step streams each weight at ~9-13 GB/s; and a one-row dot goes to XLA's GEMV, which converts the whole bf16
-weight to float32 first (~1.5 GB/s). Packed once at load time in the register layout of ``_mm512_dpbf16_ps``,
-the AVX512-BF16 kernel (``bf16_gemm.cc``) reads weights at ~30 GB/s for 1-8 rows (measured on the 2-core dev
-machine: 54 us vs 136 us for a 576x1536 weight at 2 rows). The AVX2 kernel (``bf16_gemm_avx2.cc``) reads the same
-packing with AVX2 and FMA, for the CPUs without AVX-512. In both, rows never depend on each other (batch
-invariance, see the .cc files), and for normal numbers the two give the same bits (they accumulate in one order).
+weight to float32 first (~1.5 GB/s). The kernels read a weight packed once at load time in the register layout of
+``_mm512_dpbf16_ps`` and stream it once per call, whatever the row count: the AVX-512 kernel (``bf16_gemm.cc``)
+16 columns at a time, the AVX2 kernel (``bf16_gemm_avx2.cc``), for CPUs without AVX-512, 8. Both multiply in
+float32 FMAs in one order, so they give the same bits, and rows never depend on each other (batch invariance, see
+the .cc files). Both take x's bf16 values widened to float32 once, by XLA: their inner loops broadcast each value
+straight from memory into a float32 register (one load, no widening per use).
 
 ``gemm`` runs the first kernel that runs here (``kernel_target``: built by ``python -m cpu_kernels.build``, a CPU
 with the kernel's instructions, JAX on CPU) and ``gemm_reference`` otherwise: the same product through XLA's own
@@ -34,13 +35,9 @@ class GemmKernel:
     kernel_set: library.KernelSet
     target: str
     """Its FFI target."""
-    x_dtype: type
-    """The dtype it takes x's bf16 values in. The AVX2 kernel's inner loop broadcasts each x value straight from
-    memory into a float32 register (one load, no widening per use), so it takes x widened once, by XLA."""
 
 
-KERNELS = (GemmKernel(library.AVX512, "jf_bf16_gemm", jnp.bfloat16),
-           GemmKernel(library.AVX2, "jf_bf16_gemm_avx2", jnp.float32))
+KERNELS = (GemmKernel(library.AVX512, "jf_bf16_gemm"), GemmKernel(library.AVX2, "jf_bf16_gemm_avx2"))
 """In order of preference."""
 
 
@@ -104,7 +101,7 @@ def kernel_target() -> str | None:
 def gemm_kernel(x, p: PackedWeight, target: str):
     """``x @ w`` in float32 through the kernel ``target`` (one of ``KERNELS``; its set must be available)."""
     lead, x2 = _flat(x, p)
-    x2 = x2.astype(next(k.x_dtype for k in KERNELS if k.target == target))
+    x2 = x2.astype(jnp.float32)  # bf16 values (``_flat``), widened once
     rows = x2.shape[0]
     out = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((rows, p.data.shape[0] * TILE), jnp.float32),
                            vmap_method="broadcast_all")(x2, p.data)

@@ -64,8 +64,8 @@ def test_gemm_equals_xla_dot_and_rows_are_independent(K, N, kernel_set):
 
 @needs_kernel
 def test_the_two_gemms_give_the_same_bits(avx2_gemm_runs_here):
-    """Both accumulate each output in one order with one rounding per bf16 pair element, so a machine's choice of
-    kernel does not change a model's tokens (normal numbers; VDPBF16PS flushes subnormals, FMA keeps them)."""
+    """Both accumulate each output with one FMA per k in one order, so a machine's choice of kernel does not change
+    a model's tokens."""
     rng = np.random.default_rng(7)
     p = cpu_kernels.pack_weight(rng.standard_normal((1536, 200)).astype(np.float32))
     x = (rng.standard_normal((12, 1536)) * rng.uniform(0.01, 100, (12, 1))).astype(np.float32)
