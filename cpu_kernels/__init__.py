@@ -1,14 +1,14 @@
 """CPU kernels for jf-jax's decode steps (XLA FFI custom calls), each beside plain-JAX code with its semantics.
 
-* ``bf16_gemm``: a small-M bfloat16 GEMM over weights packed once at load time, for AVX512-BF16 CPUs and for AVX2
+* ``bf16_gemm``: a small-M bfloat16 GEMM over weights packed once at load time, for AVX-512 CPUs and for AVX2
   ones (same packing, same bits; twin: ``gemm_reference``);
 * ``int8_gemm``: the W8A8 matmul, rows quantised to int8 and an exact int32 product (twin: ``w8a8_reference``);
-* ``decode_attention``: a step's attention over the KV cache, for AVX-512 CPUs and for AVX2 ones (twin:
+* ``decode_attention``: a step's attention over the KV cache, for every CPU with AVX2 and FMA (twin:
   ``jf_jax.model.cached_attention``); ``decode_attention_in_cache`` reads one layer of every layer's cache in place;
 * ``cache_write``: a decode step's KV-cache write, in place (twin: ``lax.dynamic_update_slice``).
 
 ``library`` builds nothing: ``python -m cpu_kernels.build`` compiles them (scripts/install.sh runs it) in two
-sets, ``library.AVX512`` (the first three) and ``library.AVX2`` (the GEMM, the attention and the cache write), and
+sets, ``library.AVX512`` (the first two) and ``library.AVX2`` (the GEMM, the attention and the cache write), and
 ``available(set)`` says whether a set runs here. This package imports nothing from ``jf_jax``.
 """
 

@@ -1,18 +1,16 @@
-// The decode-step attention of decode_attention.cc for CPUs with AVX2 and FMA only, as an XLA FFI custom call.
+// The decode-step attention for x86 CPUs with AVX2 and FMA (AVX-512 ones included), as an XLA FFI custom call.
 //
-// Semantics: those of decode_attention.cc and jf_jax.model.cached_attention (row b's token t sits at position
-// lengths[b] + t; cache row b // (B / Bc) serves query row b; key j is cache[j] for j < length and the row's own
-// new key j - length after that, if valid; a query sees keys j <= its position; output float32).
+// Semantics: those of jf_jax.model.cached_attention (row b's token t sits at position lengths[b] + t; cache row
+// b // (B / Bc) serves query row b; key j is cache[j] for j < length and the row's own new key j - length after
+// that, if valid; a query sees keys j <= its position; output float32).
 //
-// Why a kernel: on a CPU without the AVX-512 set, the plain-JAX twin is ~40 small XLA operations per layer whose
-// fixed costs outweigh the arithmetic; on a 2-core AVX2 CPU it was about a third of a one-token step.
+// Why a kernel: the plain-JAX twin is ~40 small XLA operations per layer whose fixed costs outweigh the arithmetic
+// on a CPU; on a 2-core AVX2 CPU it was about a third of a one-token step.
 //
-// Batch invariance by construction, as in the AVX-512 kernel: a query's result is a fixed sequence of float
-// operations over its keys in blocks of 8 aligned to absolute positions (a block's 8 scores, each as 8 FMA chains
-// over the head dimension added in a fixed tree; the online-softmax rescale; probabilities; value sums in key
-// order), and that sequence depends only on the query's position and the keys' bits: not on how many tokens, rows,
-// or threads share the call. The two kernels' blocks and sums differ, so they agree to rounding, not bit for bit; a
-// process runs one of them for every decoder.
+// Batch invariance by construction: a query's result is a fixed sequence of float operations over its keys in
+// blocks of 8 aligned to absolute positions (a block's 8 scores, each as 8 FMA chains over the head dimension added
+// in a fixed tree; the online-softmax rescale; probabilities; value sums in key order), and that sequence depends
+// only on the query's position and the keys' bits: not on how many tokens, rows, or threads share the call.
 //
 // Speed: the cache is read once per kv head and work item, 8 keys at a time, converted to float32 once for all the
 // item's rows; the rows then go through each step of a block together (scores, softmax, value sums), so their

@@ -1,7 +1,7 @@
-// The FFI side the decode-attention kernels share (decode_attention.cc for AVX-512, decode_attention_avx2.cc for
-// AVX2): their arguments and how a query row's tokens, keys and values are found in them, the checks on them, the
-// split of a call into work items over XLA's intra-op pool (one per query row, kv head and run of tokens; an item's
-// arithmetic never depends on which thread runs it or on the other items), and their binding.
+// The FFI side of the decode-attention kernel (decode_attention_avx2.cc), apart from its arithmetic: its arguments
+// and how a query row's tokens, keys and values are found in them, the checks on them, the split of a call into
+// work items over XLA's intra-op pool (one per query row, kv head and run of tokens; an item's arithmetic never
+// depends on which thread runs it or on the other items), and its binding.
 //
 // The cache arguments are every layer's cache, [L, Bc, S, K, Dh], and the ``layer`` attribute picks the one read:
 // a call on the decode loop's whole cache buffer then reads it where it lies, where a per-layer slice would be

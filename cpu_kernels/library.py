@@ -1,8 +1,9 @@
 """The compiled libraries of the CPU kernels: where they live, whether they can run here, and their FFI targets.
 
 The kernels come in two sets, each one shared library (``python -m cpu_kernels.build`` compiles every set):
-``AVX512`` (the bf16 GEMM, the W8A8 matmul and decode attention, for CPUs with AVX512-BF16 and VNNI) and ``AVX2``
-(a bf16 GEMM for CPUs with AVX2 and FMA, the x86 baseline of the last decade). Loading a set registers each of its
+``AVX512`` (the bf16 GEMM and the W8A8 matmul, for CPUs with AVX512-BF16 and VNNI) and ``AVX2`` (a bf16 GEMM,
+decode attention and the KV-cache write, for CPUs with AVX2 and FMA, the x86 baseline of the last decade, which
+AVX-512 CPUs run too). Loading a set registers each of its
 handlers with XLA under the name in its ``targets``. Whether a set runs here has two parts, kept apart because
 they mean different things: the machine (``machine_reason``: a CPU backend, a CPU with the set's instructions), a
 limit nothing fixes; and the library (``library_problem``: built, current, loadable), a fault on a machine that
@@ -47,12 +48,10 @@ class KernelSet:
         return HERE / "_build" / f"libjf_cpu_kernels_{self.name}.so"
 
 
-AVX512 = KernelSet("avx512", (HERE / "bf16_gemm.cc", HERE / "int8_gemm.cc", HERE / "decode_attention.cc"),
+AVX512 = KernelSet("avx512", (HERE / "bf16_gemm.cc", HERE / "int8_gemm.cc"),
                    ("avx512_bf16", "avx512_vnni"),
                    ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni"),
-                   (("jf_bf16_gemm", "JfBf16Gemm"), ("jf_w8a8_bf16", "JfW8A8Bf16"), ("jf_w8a8_f32", "JfW8A8F32"),
-                    ("jf_decode_attention_bf16", "JfDecodeAttentionBf16"),
-                    ("jf_decode_attention_f32", "JfDecodeAttentionF32")))
+                   (("jf_bf16_gemm", "JfBf16Gemm"), ("jf_w8a8_bf16", "JfW8A8Bf16"), ("jf_w8a8_f32", "JfW8A8F32")))
 AVX2 = KernelSet("avx2", (HERE / "bf16_gemm_avx2.cc", HERE / "decode_attention_avx2.cc", HERE / "cache_write.cc"),
                  ("avx2", "fma"), ("-mavx2", "-mfma"),
                  (("jf_bf16_gemm_avx2", "JfBf16GemmAvx2"), ("jf_cache_write", "JfCacheWrite"),

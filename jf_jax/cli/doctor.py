@@ -82,7 +82,7 @@ def format_report(r: dict) -> str:
     if r["backend"] == "cpu":
         lines += [f"cpu           {cpu['model']}, {cpu['cores']} cores", f"features      {features}"]
     lines += [
-        f"cpu kernels   AVX-512 set (bf16 GEMM, W8A8, attention): {r['avx512_kernels']}",
+        f"cpu kernels   AVX-512 set (bf16 GEMM, W8A8): {r['avx512_kernels']}",
         f"              AVX2 set (bf16 GEMM, attention, cache write): {r['avx2_gemm']}",
         "decode paths",
         *(f"  {d:<9}   {p['summary']}" + (f"\n              note: {p['note']}" if "note" in p else "")

@@ -71,12 +71,12 @@ class Machine:
 
     @property
     def avx512_kernels_run(self) -> bool:
-        """The AVX-512 kernels run: bf16 GEMM, W8A8 matmul and decode attention."""
+        """The AVX-512 kernels run: bf16 GEMM and W8A8 matmul."""
         return self.avx512_machine_reason is None and self.avx512_library_problem is None
 
     @property
     def avx2_gemm_runs(self) -> bool:
-        """The AVX2 set runs: its bf16 GEMM and its decode attention (the name predates the attention)."""
+        """The AVX2 set runs: its bf16 GEMM, decode attention and cache write (the name predates the last two)."""
         return self.avx2_machine_reason is None and self.avx2_library_problem is None
 
     @property
@@ -146,9 +146,9 @@ def engine_path(machine: Machine, dtype: str) -> EnginePath:
     if machine.backend != "cpu":
         return EnginePath(dtype, f"{short} via XLA on {machine.backend}", f"XLA dots on {machine.backend}",
                           "plain JAX (jf_jax/model/cached_attention.py) in XLA")
-    attention = ("jf-jax decode-attention kernel" if machine.avx512_kernels_run
-                 else "jf-jax AVX2 decode-attention kernel" if machine.avx2_gemm_runs
-                 else f"plain JAX in XLA (the kernels' twin; {kernels_absent(machine)})")
+    attention = ("jf-jax decode-attention kernel (AVX2 set)" if machine.avx2_gemm_runs
+                 else "plain JAX in XLA (the kernel's twin; "
+                 f"{machine.avx2_machine_reason or machine.avx2_library_problem})")
     sharded = "XLA dots, each weight in one column shard per core"
     if dtype == "float32":
         return EnginePath(dtype, "f32 via XLA dots", sharded, attention)
