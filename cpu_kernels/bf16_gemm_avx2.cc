@@ -8,7 +8,8 @@
 //
 // Each output lane accumulates with one fused multiply-add per k, the odd k of a pair before the even one: the
 // order in which _mm512_dpbf16_ps accumulates its pair. A bf16 x bf16 product is exact in float32, so each step
-// rounds once, as that instruction's do, and for normal numbers the two kernels give the same bits. The order
+// rounds once, as that instruction's do. The AVX-512 kernel (bf16_gemm.cc) does the same FMAs 16 lanes wide: the
+// two kernels give the same bits. The order
 // is fixed per row, whatever M is and whichever rows share a register block: rows never depend on each other.
 #include <immintrin.h>
 

@@ -146,7 +146,7 @@ def cached_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths, *, c
     q's dtype; a query that sees no key (none exists for valid queries) gets zeros.
 
     On CPUs where ``cpu_kernels`` run (and ``use_kernel``), the same semantics come from
-    ``cpu_kernels.decode_attention``, also batch-invariant by construction (blocks of 16 or 8 keys, online softmax):
+    ``cpu_kernels.decode_attention``, also batch-invariant by construction (blocks of 8 keys, online softmax):
     the code below is then its plain-JAX twin, which every other backend runs.
     """
     B, T, H, Dh = q.shape
