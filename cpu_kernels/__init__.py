@@ -14,12 +14,12 @@ sets, ``library.AVX512`` (the first two) and ``library.AVX2`` (the GEMM, the att
 
 from cpu_kernels.bf16_gemm import PackedWeight, gemm, gemm_reference, pack_weight
 from cpu_kernels.int8_gemm import PackedInt8, pack_int8, quantize_rows, unpack_int8, w8a8_matmul, w8a8_reference
-from cpu_kernels.decode_attention import decode_attention, decode_attention_in_cache, kernel_set as attention_kernel_set
+from cpu_kernels.decode_attention import available as attention_available, decode_attention, decode_attention_in_cache
 from cpu_kernels.decode_attention import supports as attention_supports
 from cpu_kernels.cache_write import available as cache_write_available, write_cache
 from cpu_kernels.library import available, unavailable_reason
 
-__all__ = ["PackedInt8", "PackedWeight", "attention_kernel_set", "attention_supports", "available",
+__all__ = ["PackedInt8", "PackedWeight", "attention_available", "attention_supports", "available",
            "cache_write_available", "decode_attention", "decode_attention_in_cache", "gemm", "gemm_reference",
            "pack_int8", "pack_weight", "quantize_rows", "unavailable_reason", "unpack_int8", "w8a8_matmul",
            "w8a8_reference", "write_cache"]

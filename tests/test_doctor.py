@@ -260,6 +260,5 @@ def test_doctor_refuses_a_model_without_measure_and_names_a_missing_one(capsys, 
 def test_attention_takes_the_avx2_sets_kernel_wherever_that_set_runs():
     for flags in (AVX512_BF16, AVX2):
         assert machine.engine_path(cpu(flags), "float32").attention == "jf-jax decode-attention kernel (AVX2 set)"
-    for flags in (AVX512_BF16, AVX2):
         assert machine.engine_path(cpu(flags, None, "libjf_cpu_kernels_avx2.so is not built"), "bfloat16") \
             .attention.startswith("plain JAX in XLA (the kernel's twin")

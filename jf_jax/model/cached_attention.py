@@ -110,10 +110,9 @@ def _fold(total_l, total_acc, sums, acc):
     return total_l, total_acc
 
 
-def _kernel(head_dim: int, dtype):
-    """The CPU kernel set whose decode attention runs here for this head size and dtype (None: plain JAX)."""
-    kernel = cpu_kernels.attention_kernel_set()
-    return kernel if kernel is not None and cpu_kernels.attention_supports(head_dim, dtype) else None
+def _kernel_runs(head_dim: int, dtype) -> bool:
+    """Whether the CPU decode-attention kernel runs here for this head size and dtype (False: plain JAX)."""
+    return cpu_kernels.attention_available() and cpu_kernels.attention_supports(head_dim, dtype)
 
 
 def layer_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths, layer: int, *, whole_cache: bool = False):
@@ -126,10 +125,9 @@ def layer_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths, layer
     slice goes to ``cached_attention`` (or, with ``whole_cache``, ``whole_cache_attention``). Other arguments as
     ``cached_attention``.
     """
-    kernel = None if whole_cache else _kernel(q.shape[-1], q.dtype)
-    if kernel is not None and cache_k.dtype == q.dtype and cache_v.dtype == q.dtype:
+    if not whole_cache and _kernel_runs(q.shape[-1], q.dtype) and cache_k.dtype == q.dtype and cache_v.dtype == q.dtype:
         out, cache_k, cache_v = cpu_kernels.decode_attention_in_cache(q, k_new, v_new, new_valid, cache_k, cache_v,
-                                                                      lengths, layer, kernel=kernel)
+                                                                      lengths, layer)
         return out.astype(q.dtype), cache_k, cache_v
     attend = whole_cache_attention if whole_cache else cached_attention
     return attend(q, k_new, v_new, new_valid, cache_k[layer], cache_v[layer], lengths), cache_k, cache_v
@@ -153,10 +151,8 @@ def cached_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths, *, c
     Bc, S, K, _ = cache_k.shape
     if Bc < 1 or B % Bc:
         raise ValueError(f"cache has {Bc} rows for {B} query rows (expected a divisor of {B})")
-    kernel = _kernel(Dh, q.dtype) if use_kernel else None
-    if kernel is not None:
-        return cpu_kernels.decode_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths,
-                                            kernel=kernel).astype(q.dtype)
+    if use_kernel and _kernel_runs(Dh, q.dtype):
+        return cpu_kernels.decode_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths).astype(q.dtype)
     shared = Bc == 1 and B > 1
     G = H // K
     scale = 1.0 / math.sqrt(Dh)
