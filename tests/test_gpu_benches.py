@@ -71,3 +71,30 @@ def test_attention_bench_dry_run_exercises_the_backward_path(tmp_path):
         assert row["ms"] > 0 and row["memory"]["temp_size_in_bytes"] > 0
     assert rows["kernel, fused backward"]["max_rel_err"] < 1e-4  # float32, interpret mode
     assert proc.stdout.strip().splitlines()[-1].lstrip().startswith("fwd+bwd")  # the summary comes last
+
+
+@pytest.mark.slow
+def test_gpu_7b_script_runs_every_section_at_a_tiny_size(tmp_path):
+    """experiments/gpu_7b.py's decode and train parts at a 2-layer model: every section has a result, the padded
+    decoders equal AR, and the train step's ahead-of-time memory analysis counts at least its state."""
+    proc = _run("gpu_7b.py", "decode", "--config", "tiny", "--out", str(tmp_path), "--bandwidth-mib", "8",
+                "--context", "24", "--tokens", "12", "--sizes", "1,4,8", "--block-size", "4", "--latency-repeats", "2",
+                "--repeats", "2", "--ar-batch", "2")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    decode = json.loads((tmp_path / "decode.json").read_text())["sections"]
+    assert all("result" in record for record in decode.values()), decode
+    assert decode["latency"]["result"]["tokens"] == [1, 4, 8]
+    assert decode["ar_batch1"]["result"]["tokens"] == 2 * 12 and decode["ar_batch1"]["result"]["fraction_of_bound"] > 0
+    runs = decode["lossless_fixed_shape"]["result"]["runs"]
+    assert decode["lossless_fixed_shape"]["result"]["decode_shape"] == "4x8"  # mr (4, 2, 4) covers the others
+    assert runs["jacobi"]["equal_to_ar"] == runs["mr"]["equal_to_ar"] == [True, True]
+
+    proc = _run("gpu_7b.py", "train", "--config", "tiny", "--out", str(tmp_path), "--row-len", "96", "--prompt-len",
+                "16", "--train-blocks", "4", "--train-block", "8", "--steps", "1")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    train = json.loads((tmp_path / "train.json").read_text())["sections"]
+    recipe = train["recipe"]["result"]  # the CPU reports no memory limit, so the first candidate runs
+    memory = recipe["memory_analysis"]
+    assert memory["arguments"] >= recipe["state_bytes"] + recipe["reference_bytes"] > recipe["state_bytes"] > 0
+    assert len(recipe["losses"]) == 2 and all(x == x and x > 0 for x in recipe["losses"])
+    assert list(train) == ["environment", "recipe"]  # it stops at the first candidate that ran

@@ -82,7 +82,8 @@ def _jit_step(state, batch, reference, cfg, lcfg, ocfg, total_steps):
 
 def make_train_step(cfg: ModelConfig, lcfg: LossConfig, ocfg: OptimConfig, total_steps: int, mesh: Mesh,
                     rules: ShardingRules, state_sharding: TrainState, reference: Params | None = None):
-    """The jitted step ``(state, batch) -> (state, metrics)``: explicit in/out shardings, state donated.
+    """The jitted step ``(state, batch) -> (state, metrics)``: explicit in/out shardings, state donated;
+    ``step.lower(state, batch[, reference])`` lowers it ahead of time (abstract arguments welcome).
 
     The optimizer is ``train_state.make_optimizer(cfg, ocfg, total_steps)``; ``state_sharding`` comes from
     ``train_state.state_shardings`` with that optimizer. ``reference``: the frozen parameters of
@@ -95,7 +96,15 @@ def make_train_step(cfg: ModelConfig, lcfg: LossConfig, ocfg: OptimConfig, total
     ref_sh = None if reference is None else state_sharding.params
     jitted = jax.jit(_jit_step, static_argnums=(3, 4, 5, 6), in_shardings=(state_sharding, batch_sh, ref_sh),
                      out_shardings=(state_sharding, replicated(mesh)), donate_argnums=0)
-    return lambda state, batch: jitted(state, batch, reference, cfg, lcfg, ocfg, total_steps)
+
+    def step(state, batch):
+        return jitted(state, batch, reference, cfg, lcfg, ocfg, total_steps)
+
+    # Ahead-of-time lowering of the same program (the state, batch and reference may be ShapeDtypeStructs): what
+    # its compiled ``memory_analysis()`` says a step needs is known before any array is allocated.
+    step.lower = lambda state, batch, reference=reference: jitted.lower(state, batch, reference, cfg, lcfg, ocfg,
+                                                                         total_steps)
+    return step
 
 
 def reference_params(params: Params, cfg: ModelConfig) -> Params:
