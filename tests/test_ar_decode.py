@@ -9,6 +9,8 @@ from jf_jax.decoding.ar import generate_ar
 from jf_jax.decoding.common import GenerationError, bucket, prepare_prompts
 from jf_jax.model.decode_view import decode_view
 
+pytestmark = pytest.mark.library_precision  # on a GPU: the decoders' own precision
+
 
 @pytest.fixture(scope="module", params=["qwen2", "llama"])
 def twins(request):

@@ -11,6 +11,8 @@ from jf_jax.decoding.multiblock import generate_mr
 from jf_jax.decoding.stats import without_timings
 from tests.support.decoding_models import CFG, MAX_NEW, MAX_PROMPT, VOCAB, ar_tokens, random_params
 
+pytestmark = pytest.mark.library_precision  # on a GPU: the decoders' own precision
+
 BATCH = 3  # 3 or 4 prompts: one full batch, or a full one and a padded one, on one compiled program
 METHODS = {
     "jacobi": lambda params, prompts, **kw: generate_jacobi(params, CFG, prompts, block_size=3, **kw),

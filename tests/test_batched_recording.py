@@ -16,6 +16,8 @@ from jf_jax.decoding.shapes import DecodeShape
 from jf_jax.decoding.recording import record_trajectories
 from tests.support.decoding_models import CFG, VOCAB, ar_tokens, random_params
 
+pytestmark = pytest.mark.library_precision  # on a GPU: the decoders' own precision
+
 PROMPTS = [[4, 8, 15, 16, 23, 42], [1, 2], [7] * 11, [3, 9, 27, 81 % VOCAB, 5, 5, 5, 2, 1]]
 
 

@@ -32,3 +32,17 @@ def test_every_command_has_help(command, capsys, monkeypatch):
 def test_python_dash_m_runs_the_dispatcher():
     proc = subprocess.run([sys.executable, "-m", "jf_jax", "--help"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "commands:" in proc.stdout
+
+
+def test_every_command_is_also_a_module():
+    """The README says each command runs as ``python -m jf_jax.COMMAND``: every one has that module, and it
+    answers --help."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    for command in COMMANDS:
+        assert importlib.util.find_spec(f"jf_jax.{command}") is not None, f"python -m jf_jax.{command} is missing"
+    proc = subprocess.run([sys.executable, "-m", "jf_jax.export", "--help"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and "jf-jax export" in proc.stdout, proc.stderr[-2000:]

@@ -92,7 +92,7 @@ def test_this_machine_is_gated_as_it_is_detected():
     (cpu(AVX2, "libjf_cpu_kernels_avx2.so is not built (python -m cpu_kernels.build)"), "bfloat16",
      "bf16 via XLA dots (no AVX512-BF16 or AVX512-VNNI)"),
     (cpu(AVX2 | {"avx512_bf16"}), "bfloat16", "bf16 via the jf-jax AVX2 GEMM kernel (no AVX512-VNNI)"),
-    (cpu(None), "bfloat16", "bf16 via XLA dots (CPU features unknown)"),
+    (cpu(None), "float32", None),
     (cpu(AVX512_BF16 | {"amx_bf16", "amx_tile"}), "bfloat16", "bf16 via jf-jax AVX512-BF16 kernels"),
     (Machine(backend="gpu", devices=("NVIDIA H100 80GB HBM3",), avx512_machine_reason="gpu"), "float32",
      "f32 via XLA on gpu"),
@@ -103,13 +103,29 @@ def test_this_machine_is_gated_as_it_is_detected():
 def test_auto_picks_the_fastest_dtype_shown_lossless_here(m, dtype, path):
     choice = machine.choose_dtype("auto", m)
     assert (choice.dtype, choice.requested) == (dtype, "auto")
-    assert machine.engine_path(m, choice.dtype).summary == path
-    assert (m.backend, dtype) in machine.LOSSLESS or "no dtype has been shown lossless" in choice.reason
+    assert path is None or machine.engine_path(m, choice.dtype).summary == path
+    assert (machine.evidence_class(m), dtype) in machine.LOSSLESS or "no dtype has been shown lossless" in choice.reason
 
 
 def test_gpu_bf16_is_passed_over_while_it_is_not_shown_lossless():
-    choice = machine.choose_dtype("auto", Machine(backend="gpu", avx512_machine_reason="gpu"))
+    h100 = Machine(backend="gpu", devices=("NVIDIA H100 80GB HBM3",), avx512_machine_reason="gpu")
+    choice = machine.choose_dtype("auto", h100)
     assert choice.dtype == "float32" and "bfloat16 is faster" in choice.reason and "is NOT shown" in choice.reason
+
+
+@pytest.mark.parametrize("m", [
+    cpu(frozenset("fp asimd evtstrm aes crc32".split())),  # an ARM CPU's features
+    cpu(None),  # features unknown (not Linux)
+    Machine(backend="gpu", devices=("NVIDIA A100-SXM4-80GB",), avx512_machine_reason="gpu"),  # a GPU never tried
+], ids=["arm", "unknown", "a100"])
+def test_evidence_from_one_machine_class_is_not_lent_to_another(m):
+    """What was shown on x86 CPUs with AVX2 and on H100s says nothing of an ARM CPU or an A100: auto takes the
+    reference dtype there and says how to test the faster one."""
+    choice = machine.choose_dtype("auto", m)
+    assert choice.dtype == "float32" and "no dtype has been shown lossless" in choice.reason
+    assert "doctor --check" in choice.reason
+    assert all("not shown" in machine.lossless_evidence(m, d) for d in machine.DTYPES)
+    assert machine.evidence_class(cpu(AVX2)) == machine.evidence_class(cpu(AVX512_BF16)) == machine.X86_AVX2
 
 
 def test_int8_without_vnni_is_flagged_slow_and_never_chosen():

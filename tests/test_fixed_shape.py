@@ -27,6 +27,8 @@ from jf_jax.api import run_shape
 from jf_jax.decoding.shapes import DecodeShape, default_decode_shape, natural_shape
 from jf_jax.model.cached_attention import cached_attention, whole_cache_attention
 
+pytestmark = pytest.mark.library_precision  # on a GPU: the decoders' own precision
+
 SHAPE = DecodeShape(4, 16)
 PROMPTS = [[3, 1, 4, 1, 5, 9, 2, 6], [7, 7, 8]]
 

@@ -13,6 +13,8 @@ from jf_jax.decoding.stats import without_timings
 from tests.support.decoding_models import (CFG, MAX_NEW, MAX_PROMPT, VOCAB, ar_tokens, cycle_map, eos_cases,
                                            jacobi_update, random_params, successor_params)
 
+pytestmark = pytest.mark.library_precision  # on a GPU: the decoders' own precision
+
 BLOCK_SIZES = (1, 3, 8)  # each compiles its own programs: keep the list short
 
 

@@ -11,6 +11,8 @@ from jf_jax.decoding.jacobi import generate_jacobi
 from jf_jax.decoding.multiblock import generate_mr
 from jf_jax.decoding.stats import without_timings
 
+pytestmark = pytest.mark.library_precision  # on a GPU: the decoders' own precision
+
 # (block_size, num_blocks, spawn_ratio, pool_size); each setting compiles its own program: keep the list short.
 SETTINGS = ((8, 2, 0.85, 4), (3, 3, 0.34, 3), (8, 1, 0.85, 1))
 

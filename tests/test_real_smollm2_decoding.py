@@ -9,7 +9,8 @@ import pytest
 
 from jf_jax import api
 
-pytestmark = pytest.mark.slow  # compiles the three decoders on the 135M model (~1-2 min)
+# slow: compiles the three decoders on the 135M model (~1-2 min); on a GPU, the decoders' own precision
+pytestmark = [pytest.mark.slow, pytest.mark.library_precision]
 
 MAX_NEW = 28  # enough for several blocks of 8 or 16 past the prefill; decoding, not compiling, grows with it
 PROMPTS = [

@@ -11,11 +11,17 @@ from jf_jax.cli.results import END, START, main
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def speed_cell(method, tpf, tokens_per_s, block_size=None, speedup=None):
+LOOPING = [7, 8, 9, 10] * 32  # 128 tokens, one 4-token phrase over and over: cut by the cap, so it loops
+PLAIN = list(range(50))  # 50 tokens, no repeated 4-gram
+
+
+def speed_cell(method, tpf, tokens_per_s, block_size=None, speedup=None, answers=None):
     cell = dict(method=method, prompts=2, tokens=100, forwards=round(100 / tpf), tpf=tpf, tpf_mean=tpf,
                 tokens_per_s=tokens_per_s, tokens_per_s_no_prefill=tokens_per_s, match_ar=1.0)
     if block_size is not None:  # the current evaluate records these; the first evaluations did not
         cell.update(block_size=block_size, speedup=speedup)
+    if answers is not None:  # the first evaluations' per-prompt fields: the answers and their TPF
+        cell.update(token_ids=[ids for ids, _ in answers], per_prompt_tpf=[t for _, t in answers])
     return cell
 
 
@@ -32,13 +38,14 @@ def write_run(folder: Path, *, what, config, reports, export_diff=None):
 def fake_tree(root: Path) -> Path:
     """Two runs of one recipe (a current-format round 2, a first-format round 1) and one study."""
     base = dict(name="smollm2-135m", model="smollm2-135m", speed={})
-    round2_speed = dict(args=dict(block_size=[8, 16], device="CPU (2 cores)", dtype="bfloat16"), results=[
+    round2_speed = dict(args=dict(block_size=[8, 16], device="CPU (2 cores)", dtype="bfloat16", max_new_tokens=128),
+                        results=[
         dict(base, speed={"code_heldout": {"ar": speed_cell("ar", 1.0, 50.0), "jacobi n=16": speed_cell(
             "jacobi", 1.111, 30.0, 16, 0.6)}}),
         dict(name="demo_r2", model="runs/demo_r2", dtype="bfloat16", speed={"code_heldout": {
             "ar": speed_cell("ar", 1.0, 50.0, None),
             "jacobi n=8": speed_cell("jacobi", 1.3, 45.0, 8, 0.9),
-            "jacobi n=16": speed_cell("jacobi", 1.456, 40.0, 16, 0.8123),
+            "jacobi n=16": speed_cell("jacobi", 1.456, 40.0, 16, 0.8123, answers=[(LOOPING, 2.0), (PLAIN, 1.25)]),
             "mr n=16": speed_cell("mr", 1.789, 20.0, 16, 0.4)}})])
     round2_quality = dict(args={}, results=[dict(name="demo_r2", speed={}, math=dict(
         problems=20, correct=3, accuracy=0.15), humaneval=dict(problems=164, passed=7, pass_at_1=7 / 164))])
@@ -68,18 +75,21 @@ def test_the_index_holds_each_runs_numbers(tmp_path):
     r2 = next(line for line in index.splitlines() if line.startswith("| [demo_r2]"))
     # n = 16 preferred over 8; x AR as recorded; the run's own model, not the base listed first
     assert "Round 2 of the demo recipe." in r2 and "| 32 | 4 | 150 | [demo](../results/demo/) |" in r2
-    assert ("| CPU (2 cores), bfloat16 | 16 | 1.456 (0.81x) | 1.789 (0.40x) | 1.00 | 7/164 (0.043) | 3/20 "
+    assert ("| CPU (2 cores; kind not recorded), bfloat16 | 16 | 1.456 / 1.250 (1 of 2 loop; 0.81x) "
+            "| 1.789 / — (0.40x) | 1.00 | 7/164 (0.043) | 3/20 "
             "| 9.9e-05 |") in r2
     r1 = next(line for line in index.splitlines() if line.startswith("| [demo]"))
     # the old format: block size from the arguments, x AR computed from tok/s, GSM8K from eval.json
-    assert "| 8 | 1 | 600 | smollm2-135m | — | 8 | 1.222 (0.50x) | 1.333 (0.25x) | 1.00 | — | 2/20 | — |" in r1
+    assert ("| 8 | 1 | 600 | smollm2-135m | CPU (kind not recorded) | 8 | 1.222 / — (0.50x) | 1.333 / — (0.25x) "
+            "| 1.00 | — | 2/20 | — |") in r1
     assert index.index("[demo]") < index.index("[demo_r2]")  # sorted by name
     assert "- [speed_probe](../results/studies/speed_probe/): A probe of the decode speed" in index
     readme = (root / "README.md").read_text()
-    # the headline: the recipe's rounds with the best jacobi and mr TPF at n = 16 (round 1 was not measured there)
+    # the headline: every run measured at n = 16 (round 1 was not measured there)
     assert readme.startswith("# Project\n\nintro\n\n" + START + "\n") and readme.endswith(END + "\n\nrest\n")
     assert "old table" not in readme
-    assert "| [demo_r2](results/demo_r2/) | CPU (2 cores), bfloat16 | 1.456 (0.81x) | 1.789 (0.40x) |" in readme
+    assert ("| [demo_r2](results/demo_r2/) | CPU (2 cores; kind not recorded), bfloat16 "
+            "| 1.456 / 1.250 (1 of 2 loop; 0.81x) | 1.789 / — (0.40x) |") in readme
     assert "[demo](results/demo/)" not in readme
 
 
@@ -89,9 +99,10 @@ def test_speed_files_under_the_stats_schema_are_read_too(tmp_path):
     root = fake_tree(tmp_path)
 
     def cell(method, tpf, rate, speedup=None):
+        per_prompt = [dict(tokens=60, forwards=40, loops=False), dict(tokens=40, forwards=20, loops=True)]
         return dict(method=method, block_size=16, prompts=2, tokens=100, forwards=round(100 / tpf), tpf=tpf,
-                    mean_tpf=tpf, mean_tpf_ci95=[tpf, tpf], loop_rate=0.0, tokens_per_second=rate,
-                    tokens_per_second_excl_prefill=rate, match_ar=0.5, speedup_vs_ar=speedup, per_prompt=[])
+                    mean_tpf=tpf, mean_tpf_ci95=[tpf, tpf], loop_rate=0.5, tokens_per_second=rate,
+                    tokens_per_second_excl_prefill=rate, match_ar=0.5, speedup_vs_ar=speedup, per_prompt=per_prompt)
 
     speed = dict(args=dict(block_size=[16]), results=[dict(name="demo_r3", dtype="float32", speed={"code_heldout": {
         "ar": cell("ar", 1.0, 40.0, 1.0), "jacobi n=16": cell("jacobi", 1.5, 30.0, 0.75),
@@ -101,7 +112,9 @@ def test_speed_files_under_the_stats_schema_are_read_too(tmp_path):
     assert main(["--root", str(root)]) == 0
     r3 = next(line for line in (root / "docs" / "results.md").read_text().splitlines()
               if line.startswith("| [demo_r3]"))
-    assert "| float32 | 16 | 1.500 (0.75x) | 1.750 (0.25x) | 0.50 |" in r3
+    # half the answers differ from AR's: no speed is shown; the looping answer is counted and left out
+    assert ("| CPU (kind not recorded), float32 | 16 | 1.500 / 1.500 (1 of 2 loop; not = AR) | 1.750 / 1.500 (1 of 2 loop; not = AR) "
+            "| 0.50 |") in r3
 
 
 def test_check_finds_a_stale_index_and_writes_nothing(tmp_path, capsys):

@@ -17,6 +17,8 @@ from jf_jax.decoding.sampling import GREEDY, NUCLEUS_CANDIDATES, Sampling, choos
 from jf_jax.model.transformer import forward_logits
 from tests.support.decoding_models import CFG, MAX_NEW, MAX_PROMPT, VOCAB, random_params
 
+pytestmark = pytest.mark.library_precision  # on a GPU: the decoders' own precision
+
 SAMPLERS = [Sampling(temperature=1.0), Sampling(temperature=0.7, top_k=6), Sampling(temperature=1.5, top_p=0.8)]
 METHODS = {  # two block shapes per method; each (method, sampler) pair compiles once
     "jacobi": lambda params, prompts, **kw: generate_jacobi(params, CFG, prompts, block_size=3, **kw),

@@ -48,15 +48,16 @@ def build_parser() -> argparse.ArgumentParser:
                    f"{DEFAULTS['methods']})")
     p.add_argument("--max-new-tokens", type=int, help=f"default {DEFAULTS['max_new_tokens']}")
     p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "int8"), default="auto",
-                   help="auto (default: the fastest dtype shown lossless on this backend, jf_jax.model.machine; "
-                        "bfloat16 on CPUs, float32 on GPUs; python -m jf_jax.doctor says which and why), bfloat16, "
+                   help="auto (default: the fastest dtype shown lossless on this class of machine, "
+                        "jf_jax.model.machine: bfloat16 on x86 CPUs with AVX2, float32 on GPUs and on CPUs where "
+                        "nothing was shown, e.g. ARM; python -m jf_jax.doctor says which and why), bfloat16, "
                         "float32 (the reference) or int8 (W8A8 matmuls: a lossy approximation of the model, decoded "
                         "losslessly against its own int8 AR)")
     p.add_argument("--no-chat", action="store_true", help="do not apply the model's chat template")
     p.add_argument("--json", type=Path, help="write the runs and summary as JSON to this path")
     p.add_argument("--block-size", type=_int_or_tuned,
-                   help=f"Jacobi block size n (default {CLI_BLOCK_SIZE}: in bf16 on a 2-core AVX-512 CPU an 8-token "
-                        "forward costs 1.47x a one-token step, a 16-token one 2.04x; results/studies/"
+                   help=f"Jacobi block size n (default {CLI_BLOCK_SIZE}: in bf16 on a 2-core CPU a 16-token forward "
+                        "costs 1.5-2.8x a one-token step, by CPU kind, an 8-token one less; results/studies/"
                         "decode_engine_speed), or 'tuned': this device's --tune choice")
     p.add_argument("--num-blocks", type=int, help="mr: blocks in flight K")
     p.add_argument("--spawn-ratio", type=float, help="mr: accepted fraction of the active block that spawns the next")
@@ -69,8 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, help="sampling: keep the nucleus of this probability (default 1: off)")
     p.add_argument("--decode-shape", default="auto",
                    help="pad every decode forward to one shape, ROWSxWIDTH per prompt: 'auto' (on GPUs and TPUs the "
-                        "smallest shape covering every method run, so jacobi and mr give AR's tokens bit for bit; "
-                        "off on CPUs, whose decode path is invariant by construction), 'off', or e.g. 4x32")
+                        "smallest shape covering every method run, so every method's tokens go through the same "
+                        "kernels: jacobi and mr gave AR's tokens on every prompt measured on an H100 and an H200, and "
+                        "no TPU has run; off on CPUs, whose decode path is bit-invariant by construction), 'off', or "
+                        "e.g. 4x32")
     p.add_argument("--batch-size", type=int,
                    help="decode this many prompts at a time in one program (every method; tokens as decoded alone; "
                         f"default {DEFAULTS['batch_size']})")

@@ -65,7 +65,8 @@ def report(machine) -> dict:
         "auto": {"dtype": auto.dtype, "path": paths[auto.dtype].summary, "reason": auto.reason},
         "compiler_options": decode_jit.COMPILER_OPTIONS.get(backend, {}),
         "full_float32_matmuls": backend in decode_jit.FULL_PRECISION_BACKENDS,
-        "lossless": {d: machines.lossless_evidence(backend, d) for d in machines.DTYPES},
+        "lossless": {d: machines.lossless_evidence(machine, d) for d in machines.DTYPES},
+        "evidence_class": machines.evidence_class(machine),
     }
 
 

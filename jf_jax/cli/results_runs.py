@@ -34,6 +34,31 @@ class MethodSpeed:
     tpf: float
     x_ar: float | None  # tokens/s over AR's in the same process, prefill counted; None when not recorded
     match_ar: float | None  # fraction of prompts whose tokens equal AR's
+    prompts: int | None = None
+    looping: int | None = None  # answers that loop (decoding.answer_quality's rule); None when not recorded
+    tpf_without_loops: float | None = None  # TPF over the answers that do not loop (None: unknown or all loop)
+
+    @property
+    def lossless(self) -> bool:
+        return self.match_ar == 1.0
+
+
+def loop_split(cell: dict, max_new_tokens: int | None) -> tuple[int | None, int | None, float | None]:
+    """(answers, looping answers, TPF without them) of one speed cell. The current evaluate records each answer's
+    ``loops``; the first files kept only the answers and their TPF, so the rule is applied here, with an answer
+    that filled ``max_new_tokens`` counted as stopped by the cap (those files did not record stop reasons)."""
+    from jf_jax.decoding.answer_quality import TOKEN_CAP_STOP, loops
+
+    if cell.get("per_prompt") and all("loops" in p for p in cell["per_prompt"]):
+        records = [(p["tokens"], p["forwards"], bool(p["loops"])) for p in cell["per_prompt"]]
+    elif cell.get("token_ids") and cell.get("per_prompt_tpf") and max_new_tokens:
+        records = [(len(ids), len(ids) / tpf, loops(ids, TOKEN_CAP_STOP if len(ids) >= max_new_tokens else "eos"))
+                   for ids, tpf in zip(cell["token_ids"], cell["per_prompt_tpf"])]
+    else:
+        return cell.get("prompts"), None, None
+    kept = [(t, f) for t, f, looped in records if not looped]
+    without = sum(t for t, _ in kept) / sum(f for _, f in kept) if kept else None
+    return len(records), len(records) - len(kept), without
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,7 +150,9 @@ def speed_of(report: dict, result: dict, source: str) -> Speed | None:
         rate, ar_rate = (_either(c, "tokens_per_second", "tokens_per_s") for c in (cell, ar))
         if x_ar is None and rate and ar_rate:
             x_ar = rate / ar_rate  # what evaluate now records as speedup_vs_ar
-        by_size.setdefault(size, {})[method] = MethodSpeed(cell["tpf"], x_ar, cell.get("match_ar"))
+        prompts, looping, without = loop_split(cell, args.get("max_new_tokens"))
+        by_size.setdefault(size, {})[method] = MethodSpeed(cell["tpf"], x_ar, cell.get("match_ar"), prompts, looping,
+                                                           without)
     if not by_size:
         return None
     size = PREFERRED_BLOCK_SIZE if PREFERRED_BLOCK_SIZE in by_size else max(by_size)
@@ -174,18 +201,6 @@ def study_heading(folder: Path) -> str | None:
 
 
 def headline_runs(runs: list[RunSummary]) -> list[RunSummary]:
-    """README's headline: for each recipe (a run name without its round suffix), its first round and the rounds
-    with the highest held-out code TPF of jacobi and of mr at the preferred block size, sorted by name; runs not
-    measured there are left out (so is a recipe with none)."""
-    measured: dict[str, list[RunSummary]] = {}
-    for run in runs:
-        if run.speed and run.speed.block_size == PREFERRED_BLOCK_SIZE:
-            measured.setdefault(run.recipe, []).append(run)
-    chosen = set()
-    for recipe, rounds in measured.items():
-        chosen |= {r.name for r in rounds if r.name == recipe}
-        for method in ("jacobi", "mr"):
-            timed = [r for r in rounds if method in r.speed.methods]
-            if timed:  # ties go to the first by name (``runs`` is sorted), so the choice is deterministic
-                chosen.add(max(timed, key=lambda r: r.speed.methods[method].tpf).name)
-    return [r for r in runs if r.name in chosen]
+    """README's headline: every run measured at the preferred block size, sorted by name (no round is picked for
+    its numbers: a best-of-rounds on a few prompts flatters a recipe)."""
+    return [r for r in runs if r.speed and r.speed.block_size == PREFERRED_BLOCK_SIZE]

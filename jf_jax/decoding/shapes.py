@@ -1,5 +1,6 @@
 """Fixed-shape decoding: every decode forward of a run has one shape, so on GPUs and TPUs the same compiled kernels
-compute every token, and Jacobi / multi-block tokens equal AR's bit for bit (docs/gpu-tpu.md, "Lossless on a GPU").
+compute every token, and Jacobi / multi-block tokens equal AR's (token equality measured on H100s and an H200; no TPU
+has run it: docs/gpu-tpu.md, "Lossless on a GPU").
 
 Why shapes matter off the CPU: a GPU's matmul library picks its algorithm (tile shape, split of the reduction,
 a matrix-vector kernel for one row) from the problem's shape, and each choice sums a dot product in its own order.

@@ -37,24 +37,25 @@ def decode_jit(fun=None, **jit_kwargs):
         return functools.partial(decode_jit, **jit_kwargs)
     programs = {}
 
-    def for_backend(backend: str):
-        if backend not in programs:
+    def for_backend(backend: str, nested: bool = False):
+        key = (backend, nested)
+        if key not in programs:
             body = fun
             if backend in FULL_PRECISION_BACKENDS:
                 @functools.wraps(fun)
                 def body(*args, **kwargs):
                     with jax.default_matmul_precision("float32"):
                         return fun(*args, **kwargs)
-            programs[backend] = jax.jit(body, compiler_options=COMPILER_OPTIONS.get(backend), **jit_kwargs)
-        return programs[backend]
+            # Called while another program is traced, JAX takes no compiler options (only the top level's apply),
+            # but the precision is part of the traced dots, so a decode program inside a user's jit keeps it.
+            options = None if nested else COMPILER_OPTIONS.get(backend)
+            programs[key] = jax.jit(body, compiler_options=options, **jit_kwargs)
+        return programs[key]
 
     @functools.wraps(fun)
     def run(*args, **kwargs):
-        if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs))):
-            # Called while another program is traced: JAX takes compiler options only at the top level, and
-            # the enclosing program's options are the ones that apply.
-            return for_backend("nested")(*args, **kwargs)
-        return for_backend(jax.default_backend())(*args, **kwargs)
+        nested = any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs)))
+        return for_backend(jax.default_backend(), nested)(*args, **kwargs)
 
     run.program = lambda: for_backend(jax.default_backend())
     return run

@@ -7,7 +7,8 @@ backend and feature set, and ``python -m jf_jax.doctor`` and the decode CLI say 
 
 The rule of ``auto`` (``choose_dtype``): of the dtypes that keep the model (float32, bfloat16; int8 is a lossy
 approximation of it and never chosen), take the fastest on this machine (``fastest_first``) among those whose
-lossless decoding has been shown on this backend (``LOSSLESS``); where none has been, float32, the reference.
+lossless decoding has been shown on this class of machine (``LOSSLESS``, ``evidence_class``); where none has been,
+float32, the reference.
 """
 
 from __future__ import annotations
@@ -27,24 +28,43 @@ CPU_FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_bf16", "av
 kernels (avx512_bf16/avx512_vnni; avx2/fma for the AVX2 GEMM), and what XLA's own bf16 and int8 kernels may use
 (avx_vnni, amx)."""
 
-# Where jacobi and mr decoding have been shown to return AR's tokens bit for bit, per (backend, dtype): the
-# README's device table. int8 is shown against its own int8 AR, which is the only AR it can equal.
-CPU_TESTS = ("tests/test_real_smollm2_decoding.py and the decoding tests, on AVX2-only (the AVX2 kernels), "
-             "AVX512-BF16 and AMX x86 CPUs (README's device table)")
+# Where jacobi and mr decoding have been shown to return AR's tokens, per (machine class, dtype): the README's
+# device table, keyed by what the evidence was gathered on (``evidence_class``), not by backend alone, so an ARM
+# CPU or an untried GPU does not inherit another machine's proof. int8 is shown against its own int8 AR.
+X86_AVX2 = "x86 CPU with AVX2 and FMA"
+"""Every CPU the decoding tests passed on (AVX2-only AMD EPYCs, AVX512-BF16 and AMX Xeons) has both."""
+CPU_TESTS = ("tests/test_real_smollm2_decoding.py and the decoding tests, bit-equal logits and equal tokens, on "
+             "AVX2-only (the AVX2 kernels), AVX512-BF16 and AMX x86 CPUs (README's device table)")
+H100, H200 = "NVIDIA H100", "NVIDIA H200"
 LOSSLESS = {
-    ("cpu", "float32"): f"tested: {CPU_TESTS}",
-    ("cpu", "bfloat16"): f"tested: {CPU_TESTS}",
-    ("cpu", "int8"): f"tested against int8 AR: {CPU_TESTS}",
-    ("gpu", "float32"): "shown on an NVIDIA H100: 48 of 48 decodes equal AR (results/gpu_smollm2_jf_n16/"
-                        "speed_float32.md)",
+    (X86_AVX2, "float32"): f"tested: {CPU_TESTS}",
+    (X86_AVX2, "bfloat16"): f"tested: {CPU_TESTS}",
+    (X86_AVX2, "int8"): f"tested against int8 AR: {CPU_TESTS}",
+    (H100, "float32"): "shown on an NVIDIA H100: 48 of 48 decodes token-equal to AR (results/gpu_smollm2_jf_n16/"
+                       "speed_float32.md)",
 }
 NOT_LOSSLESS = {
-    ("gpu", "bfloat16"): "NOT shown on every held-out prompt: on NVIDIA H100s at the fixed decode shape "
-                         "(--decode-shape auto, the GPU default) jacobi and mr equalled AR on every prompt evaluated, "
-                         "36 of 36 for the base SmolLM2 and 48 of 48 each for it and two trained models "
-                         "(results/studies/data_scale/gpu/README.md), two runs, a third of the held-out sets; at each "
-                         "forward's own shape 0-75% of prompts per set (docs/gpu-tpu.md, 'Lossless on a GPU')",
+    (H100, "bfloat16"): "NOT shown on every held-out prompt: on NVIDIA H100s at the fixed decode shape "
+                        "(--decode-shape auto, the GPU default) jacobi and mr equalled AR's tokens on every prompt "
+                        "evaluated, 36 of 36 for the base SmolLM2 and 48 of 48 each for it and two trained models "
+                        "(results/studies/data_scale/gpu/README.md), two runs, a third of the held-out sets; at each "
+                        "forward's own shape 0-75% of prompts per set (docs/gpu-tpu.md, 'Lossless on a GPU')",
+    (H200, "bfloat16"): "NOT shown on a prompt set: on an NVIDIA H200 at the fixed decode shape 4x128, jacobi and mr "
+                        "equalled AR's tokens on 2 of 2 prompts of a random 7B-shaped model "
+                        "(results/studies/gpu_h200_7b/README.md)",
 }
+
+
+def evidence_class(machine: "Machine") -> str:
+    """The class of machine whose evidence applies here: x86 CPUs with AVX2 and FMA, a named GPU (H100, H200), or
+    else the device itself (ARM CPUs, CPUs of unknown features, other GPUs, TPUs), for which nothing is shown."""
+    if machine.backend == "cpu":
+        flags = machine.cpu_flags
+        if flags is None:
+            return "CPU of unknown features"
+        return X86_AVX2 if {"avx2", "fma"} <= flags else "CPU without AVX2 and FMA (ARM, or an older x86)"
+    kind = machine.devices[0] if machine.devices else machine.backend
+    return next((name for name in (H100, H200) if name.upper() in kind.upper()), kind)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,10 +193,12 @@ def engine_path(machine: Machine, dtype: str) -> EnginePath:
                       "(results/studies/decode_engine_speed/dtypes_epyc_cache_write.json)")
 
 
-def lossless_evidence(backend: str, dtype: str) -> str:
-    """Where jacobi / mr == AR has been shown for ``dtype`` on ``backend`` (or that it has not)."""
-    key = (backend, dtype)
-    return LOSSLESS.get(key) or NOT_LOSSLESS.get(key) or f"not shown: no run on {backend} in {dtype} is recorded"
+def lossless_evidence(machine: "Machine", dtype: str) -> str:
+    """Where jacobi / mr == AR has been shown for ``dtype`` on ``machine``'s class (or that it has not)."""
+    key = (evidence_class(machine), dtype)
+    return (LOSSLESS.get(key) or NOT_LOSSLESS.get(key)
+            or f"not shown: no run on a {key[0]} in {dtype} is recorded (python -m jf_jax.doctor --check tests it "
+               "here)")
 
 
 def fastest_first(machine: Machine) -> tuple[tuple[str, str], ...]:
@@ -222,16 +244,17 @@ def choose_dtype(requested: str, machine: Machine | None = None) -> DtypeChoice:
         return DtypeChoice(requested, requested, "asked for")
     machine = detect() if machine is None else machine
     ranked = fastest_first(machine)
+    where = evidence_class(machine)
     for rank, (dtype, speed) in enumerate(ranked):
-        if (machine.backend, dtype) in LOSSLESS:
+        if (where, dtype) in LOSSLESS:
             if rank == 0:
-                return DtypeChoice(dtype, "auto", f"the fastest dtype here, and shown lossless on {machine.backend}: "
-                                                  f"{speed}")
-            passed = "; ".join(f"{d} is faster ({why}) but lossless decoding is "
-                               f"{lossless_evidence(machine.backend, d)}" for d, why in ranked[:rank])
-            return DtypeChoice(dtype, "auto", f"the fastest dtype shown lossless on {machine.backend}: {passed}")
-    return DtypeChoice("float32", "auto", f"no dtype has been shown lossless on {machine.backend}: float32, the "
-                                          "reference (full float32 matmuls in every decode program)")
+                return DtypeChoice(dtype, "auto", f"the fastest dtype here, and shown lossless on a {where}: {speed}")
+            passed = "; ".join(f"{d} is faster ({why}) but lossless decoding is {lossless_evidence(machine, d)}"
+                               for d, why in ranked[:rank])
+            return DtypeChoice(dtype, "auto", f"the fastest dtype shown lossless on a {where}: {passed}")
+    return DtypeChoice("float32", "auto", f"no dtype has been shown lossless on a {where}: float32, the reference "
+                                          "(full float32 matmuls in every decode program; python -m jf_jax.doctor "
+                                          "--check tests bf16 here)")
 
 
 def header(machine: Machine, choice: DtypeChoice) -> str:
