@@ -7,27 +7,30 @@
 progressive distillation re-collects with the round-1 model at a larger block size). Each prompt goes through
 the model's chat template and jf_jax.decoding.recording.record_trajectories (every iterate of every block, state 0 = the
 random draft); records are written by jf_jax.training.trajectories.collect in resumable shards (the on-disk format is
-documented there). Re-running the same command continues after the last complete shard; a different prompt
-list or block size on an existing directory is refused (the model and settings of the first run are recorded in
-the manifest's metadata; use a new directory for another model).
+documented there). Re-running the same command continues after the last complete shard. The first run records
+every setting that shapes a trajectory or selects the prompts in the manifest's metadata ("settings": the model,
+dtype, block size, max new tokens, seed, chat template, repetition filter, batch size, decode shape, backend, the
+prompts file's contents, --domains, --offset, --limit; jf_jax.cli.collect_settings); a resume with any of them
+different is refused, naming each, before the model loads: use a new directory for another setup.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 import time
 
+from jf_jax.cli.collect_settings import (CollectInputError, check_resume, legacy_collection_complete,
+                                         number_problems, read_prompt_rows, settings_from_args)
 from jf_jax.cli.distributed import add_distributed_args, init_distributed
 from jf_jax.cli.output_paths import directory_problem
-from jf_jax.decoding.common import MAX_BATCH_SIZE
-from jf_jax.data.build import read_jsonl
 
 
 def select_prompts(rows: list[dict], domains: str | None, limit: int | None, offset: int = 0) -> list[dict]:
     """Rows of the wanted domains (comma list; None = all) in file order: ``limit`` of them from ``offset`` on."""
+    if offset < 0 or (limit is not None and limit < 0):  # Python's slicing would count them from the end
+        raise ValueError(f"offset and limit must not be negative, got offset={offset}, limit={limit}")
     if domains:
         wanted = {d.strip() for d in domains.split(",") if d.strip()}
         rows = [r for r in rows if r.get("domain") in wanted]
@@ -146,11 +149,10 @@ def main(argv=None) -> int:
     p.add_argument("--no-progress", action="store_true")
     add_distributed_args(p)
     args = p.parse_args(argv)
-    for name in ("block_size", "max_new_tokens", "prompts_per_shard", "batch_size"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    if args.batch_size > MAX_BATCH_SIZE:
-        p.error(f"--batch-size must be at most {MAX_BATCH_SIZE}, got {args.batch_size}")
+    problems = number_problems(args)
+    if problems:
+        print(f"error: {'; '.join(problems)}", file=sys.stderr)
+        return 2
     from jf_jax.api import run_shape
     from jf_jax.decoding.common import GenerationError
 
@@ -168,18 +170,33 @@ def main(argv=None) -> int:
         print(f"error: cannot write --out {args.out}: {problem}", file=sys.stderr)
         return 2
 
+    import jax
+
     from jf_jax.api import load_model
+    from jf_jax.decoding.shapes import shape_label
     from jf_jax.training.trajectories import TrajectoryFormatError
     from jf_jax.weights.hf_names import WeightsError
 
-    rows = select_prompts(read_jsonl(args.prompts), args.domains, args.limit, args.offset)
-    if not rows:
-        print(f"error: no prompts selected from {args.prompts}", file=sys.stderr)
+    try:  # everything checkable without the model is checked before it loads: a refusal costs no load
+        all_rows, file_sha = read_prompt_rows(args.prompts)
+        rows = select_prompts(all_rows, args.domains, args.limit, args.offset)
+        if not rows:
+            raise CollectInputError(f"no prompts selected from {args.prompts}")
+        init_distributed(args)
+        out, rows = process_share(args.out, rows)
+        # The shape run_collect pads to, resolved on this backend ("auto" differs between CPUs and GPUs).
+        shape = run_shape(args.decode_shape, [("ar", {}), ("jacobi", dict(block_size=args.block_size))]) \
+            if args.batch_size > 1 else None
+        settings = settings_from_args(args, prompts_sha256=file_sha, decode_shape=shape_label(shape),
+                                      backend=jax.default_backend())
+        if legacy_collection_complete(out, rows):
+            print(f"nothing to collect: {out} already holds all {len(rows)} selected prompts (its manifest predates "
+                  "recorded settings, so they were not compared)")
+            return 0
+        check_resume(out, settings)
+    except CollectInputError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
-    init_distributed(args)
-    out, rows = process_share(args.out, rows)
-    with open(args.prompts, "rb") as f:
-        file_sha = hashlib.sha256(f.read()).hexdigest()
     start = time.perf_counter()
     try:
         model = load_model(args.model, dtype=args.dtype)
@@ -189,7 +206,7 @@ def main(argv=None) -> int:
                                chat=not args.no_chat, batch_size=args.batch_size, decode_shape=args.decode_shape,
                                metadata=dict(prompts_file=args.prompts, prompts_file_sha256=file_sha,
                                              model_spec=args.model, dtype=args.dtype,
-                                             batch_size=args.batch_size),
+                                             batch_size=args.batch_size, settings=settings.to_json()),
                                progress=not args.no_progress)
     except (WeightsError, TrajectoryFormatError, FileNotFoundError, PromptTooLongError) as e:  # no traceback
         print(f"error: {e}", file=sys.stderr)
