@@ -20,5 +20,6 @@ if [[ -n "$extra" ]]; then
   python -m pip install --quiet --disable-pip-version-check --root-user-action=ignore -e ".$extra"
 fi
 # The CPU kernels with the system compiler (bf16 GEMMs for AVX-512 and for AVX2 CPUs; W8A8 and attention for
-# AVX-512 ones); where a set does not build or run, XLA's dots are used.
+# AVX-512 ones). A set this CPU cannot run is skipped (XLA's dots are used); one it can run that fails to build
+# stops the install with the compiler's message (JF_CPU_KERNELS=none installs without the kernels).
 python -m cpu_kernels.build

@@ -21,8 +21,14 @@ import time
 
 from jf_jax.cli.distributed import add_distributed_args, init_distributed
 from jf_jax.cli.output_paths import directory_problem
-from jf_jax.training.config import load_config
+from jf_jax.model.config import ConfigError
+from jf_jax.training.config import ConfigKeyError, check_before_training, load_config
 from jf_jax.training.loop import DroppedSequencesError, NonFiniteLossError, run_training
+from jf_jax.training.trajectories import TrajectoryFormatError
+
+# Faults of the config or its data that the CLI reports in one line (exit 2); anything else is a bug, and keeps
+# its traceback.
+INPUT_ERRORS = (ConfigKeyError, ConfigError, TrajectoryFormatError)
 
 
 class _StepLog:
@@ -49,6 +55,12 @@ class _StepLog:
         print(f"[{now:7.1f}s] step {step}/{self.total}: loss/total {metrics['loss/total']:.4f}, {line}", flush=True)
 
 
+def _fail(e: Exception) -> int:
+    """One line on stderr (the message's own line breaks folded) and the usage-error status."""
+    print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+    return 2
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="jf-jax train", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -67,7 +79,11 @@ def main(argv=None) -> int:
     add_distributed_args(parser)
     args = parser.parse_intermixed_args(argv)
     init_distributed(args)
-    tcfg = load_config(args.config, args.overrides)
+    try:  # before the run directory is made: a mistyped key leaves nothing behind
+        tcfg = load_config(args.config, args.overrides)
+        check_before_training(tcfg)
+    except INPUT_ERRORS as e:
+        return _fail(e)
     problem = directory_problem(args.run_dir)  # before any work: not a traceback after the data and the model
     if problem:
         print(f"error: cannot write the run directory {args.run_dir}: {problem}", file=sys.stderr)
@@ -77,9 +93,8 @@ def main(argv=None) -> int:
         on_step = _StepLog(tcfg.train.steps, args.log_every_s) if args.no_progress else None
         result = run_training(tcfg, args.run_dir, progress=not args.no_progress, stop_at_step=args.stop_at_step,
                               stop_after_s=stop_after_s, export_on_stop=args.export_on_stop, on_step=on_step)
-    except (NonFiniteLossError, DroppedSequencesError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except (NonFiniteLossError, DroppedSequencesError, *INPUT_ERRORS) as e:
+        return _fail(e)
     last = result.metrics[max(result.metrics)] if result.metrics else {}
     print(f"{args.run_dir}: step {result.step}/{tcfg.train.steps}, {result.num_sequences} sequences "
           f"({result.num_dropped} longer than the largest bucket left out), "

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from jf_jax.cli.output_paths import directory_problem
 from jf_jax.tuning import measure, tuner
 
 # Every grid option of ``tuner.tune`` a CLI namespace may set (``python -m jf_jax.cli.tune`` sets them all).
@@ -31,10 +32,14 @@ def grid_options(args, names: Sequence[str] = GRID_OPTIONS) -> dict:
 
 def tune_and_report(args, prompts: Sequence[str], command: str, names: Sequence[str] = GRID_OPTIONS) -> dict:
     """Tunes ``args.model`` on ``prompts`` with the grid options among ``names`` that ``args`` sets; prints the
-    chosen configurations and the files written; returns the report."""
+    chosen configurations and the files written; returns the report. Raises ``ValueError`` (which both CLIs print
+    in one line) when the output directory cannot be written, before any measurement."""
     from jf_jax import api
 
     opts = grid_options(args, names)
+    problem = directory_problem(str(opts["out_dir"]))  # before the model loads and the grid is measured
+    if problem:
+        raise ValueError(f"cannot write the tuner's output directory {opts['out_dir']}: {problem}")
     print(f"loading {args.model} ({args.dtype}) ...", file=sys.stderr)
     report = api.tune(args.model, prompts, dtype=args.dtype, chat=not args.no_chat, command=command, **opts)
     print("\n".join(tuner.summary_lines(report)))

@@ -7,7 +7,9 @@ what training writes into the run directory (``config.yaml``).
 
 Unknown keys (in the YAML or in an override) are rejected with their dotted path, e.g.
 ``unknown config key 'data.bukets' (known keys of data: ...)``. Override values are parsed as YAML scalars
-(``optim.learning_rate=3e-4``, ``data.buckets=[128,256]``, ``model.path=null``).
+(``optim.learning_rate=3e-4``, ``data.buckets=[128,256]``, ``model.path=null``). Every such fault is a
+``ConfigKeyError`` with a one-line message; ``check_before_training`` adds those that need more than the config
+(``model.config``'s fields, the block size of the trajectories), so a command can refuse them before any work.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
-from jf_jax.model.config import ATTENTION_BACKWARDS, ATTENTION_IMPLS
+from jf_jax.model.config import ATTENTION_BACKWARDS, ATTENTION_IMPLS, ConfigError, ModelConfig
 from jf_jax.training.losses import LossConfig
 from jf_jax.training.noise_schedule import SCHEDULES
 from jf_jax.training.state import OptimConfig
+from jf_jax.training.trajectories import read_manifest, trajectory_dirs
 
 MODEL_SOURCES = ("random", "run", "pretrained")
 DATA_SOURCES = ("trajectories", "synthetic")
@@ -230,8 +233,16 @@ def apply_overrides(data: dict, overrides: Sequence[str]) -> dict:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigKeyError(f"override {item!r}: {part!r} is not a section")
-        node[parts[-1]] = yaml.safe_load(raw)
+        node[parts[-1]] = _parse_yaml(raw, f"override {item!r}")
     return data
+
+
+def _parse_yaml(text, where: str):
+    """``yaml.safe_load`` with its multi-line syntax errors turned into a one-line ``ConfigKeyError``."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigKeyError(f"{where} is not valid YAML: {' '.join(str(e).split())}") from None
 
 
 def config_from_dict(data: Mapping[str, Any], overrides: Sequence[str] = ()) -> TrainConfig:
@@ -259,7 +270,7 @@ def read_config_file(path: str, _chain: tuple[str, ...] = ()) -> dict:
         raise ConfigKeyError(f"{path}: the '{BASE_KEY}' chain loops: " + " -> ".join(_chain + (real,)))
     try:
         with open(path) as f:
-            data = yaml.safe_load(f) or {}
+            data = _parse_yaml(f, path) or {}
     except FileNotFoundError:
         where = f" (the '{BASE_KEY}' of {_chain[-1]})" if _chain else ""
         raise ConfigKeyError(f"config file {path} does not exist{where}") from None
@@ -281,3 +292,21 @@ def read_config_file(path: str, _chain: tuple[str, ...] = ()) -> dict:
 def load_config(path: str, overrides: Sequence[str] = ()) -> TrainConfig:
     """The ``TrainConfig`` of a config file (its ``base`` files resolved) with ``key=value`` overrides applied."""
     return config_from_dict(read_config_file(path), overrides)
+
+
+def check_before_training(tcfg: TrainConfig) -> None:
+    """Raises ``ConfigKeyError`` for the faults of ``tcfg`` that training would otherwise meet only after loading
+    data or a model: ``model.config`` fields of a random model, and trajectories of another block size than
+    ``data.block_size`` (``TrajectoryFormatError`` when ``data.path`` holds no trajectories). Reads manifests
+    only."""
+    if tcfg.model.source == "random":
+        try:
+            ModelConfig.from_dict(tcfg.model.config)
+        except (ConfigError, TypeError) as e:  # TypeError: unknown rope_scaling fields
+            raise ConfigKeyError(f"model.config: {e}") from None
+    if tcfg.data.source == "trajectories":
+        d = tcfg.data
+        for path in [t for p in ((d.path,) if isinstance(d.path, str) else d.path) for t in trajectory_dirs(p)]:
+            block_size = read_manifest(path)["block_size"]
+            if block_size != d.block_size:  # the message of loop.build_stream's own check
+                raise ConfigKeyError(f"data.block_size={d.block_size} but {path} holds blocks of {block_size}")

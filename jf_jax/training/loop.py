@@ -5,7 +5,8 @@
   (atomic: written to a temporary directory and renamed; keep-N). Batches are a pure function of
   (data seed, step) (``packing.BatchStream``) and the step uses no device randomness, so a run killed at any
   point and restarted with the same run dir replays the same batches from the last checkpoint and produces
-  the same losses as an uninterrupted run. Metrics lines logged after that checkpoint are dropped on resume.
+  the same losses as an uninterrupted run. Metrics lines logged after that checkpoint are dropped on resume,
+  and so is a last line cut short by the kill.
 * Metrics go to ``metrics.jsonl`` every ``log_every`` steps; ``loss_curve.png`` and a TensorBoard event file
   (``tensorboard --logdir RUN_DIR/tensorboard``) are redrawn from it.
 * A non-finite loss stops the run with ``NonFiniteLossError`` before anything of that step is saved: the
@@ -22,6 +23,7 @@ import functools
 import json
 import math
 import os
+import sys
 import time
 from typing import Callable, Sequence
 
@@ -237,12 +239,26 @@ def _write_config(tcfg: TrainConfig, run_dir: str) -> None:
 
 
 def _truncate_metrics(path: str, last_step: int) -> None:
+    """Keeps the lines of steps up to ``last_step`` (the checkpoint resumed from). Text after the last newline is a
+    line cut short by a kill mid-write: it is dropped, with a warning (its step is run and logged again)."""
     if not os.path.exists(path):
         return
-    with open(path) as f:
-        lines = [ln for ln in f if ln.strip() and json.loads(ln)["step"] <= last_step]
-    with open(path, "w") as f:
-        f.writelines(lines)
+    with open(path, "rb") as f:
+        *lines, partial = f.read().split(b"\n")
+    if partial.strip():
+        print(f"warning: {path}: dropped its unfinished last line ({len(partial)} bytes, no newline)", file=sys.stderr)
+    kept = [line + b"\n" for line in lines if line.strip() and json.loads(line)["step"] <= last_step]
+    with open(path + ".tmp", "wb") as f:
+        f.writelines(kept)
+    os.replace(path + ".tmp", path)  # a kill here leaves the old file, truncated again on the next resume
+
+
+def _append_metrics(f, row: dict) -> None:
+    """Appends ``row`` as one line to ``f`` (unbuffered, opened for appending): each line goes to the OS as it is
+    written, so a kill leaves whole lines and at most the last one cut short, which resume drops."""
+    data = (json.dumps(row) + "\n").encode()
+    while data:
+        data = data[f.write(data):]
 
 
 def plot_metrics(run_dir: str) -> str | None:
@@ -360,7 +376,7 @@ def run_training(tcfg: TrainConfig, run_dir: str, *, progress: bool = True, stop
         end = total if stop_at_step is None else min(total, stop_at_step)
         bar = tqdm(total=total, initial=start, desc=tcfg.run_name, unit="step", disable=not (progress and primary))
         started = time.monotonic()
-        with open(metrics_path if primary else os.devnull, "a") as metrics_file:
+        with open(metrics_path if primary else os.devnull, "ab", buffering=0) as metrics_file:
             for step in range(start, end):
                 state, metrics = step_fn(state, put_batch(stream.batch(step), mesh, rules))
                 m = {k: float(v) for k, v in jax.device_get(metrics).items()}
@@ -375,8 +391,7 @@ def run_training(tcfg: TrainConfig, run_dir: str, *, progress: bool = True, stop
                         f"stopped without saving it. Last good checkpoint: step {mngr.latest_step()} in "
                         f"{ckpt_dir}. Lower the learning rate or inspect the batch of step {done}.")
                 if done % tcfg.train.log_every == 0 or done == total:
-                    metrics_file.write(json.dumps({"step": done, **m}) + "\n")
-                    metrics_file.flush()
+                    _append_metrics(metrics_file, {"step": done, **m})
                 out_of_time = stop_after_s is not None and time.monotonic() - started >= stop_after_s
                 mngr.save(done, args=ocp.args.StandardSave(_to_tree(state)), force=done == total or out_of_time)
                 if done % tcfg.train.ckpt_every == 0 and primary:
