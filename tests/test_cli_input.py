@@ -190,3 +190,10 @@ def test_the_build_command_exits_with_the_build_status(tmp_path):
                           text=True, timeout=120)
     assert proc.returncode == (1 if runnable else 0), proc.stderr
     assert "this compiler fails on purpose" in proc.stderr
+
+
+def test_reading_a_killed_runs_metrics_skips_its_unfinished_line(tmp_path):
+    from jf_jax.weights.run_dir import METRICS_FILE, read_metrics
+
+    (tmp_path / METRICS_FILE).write_text('{"step": 1}\n{"step": 2}\n{"st')
+    assert read_metrics(str(tmp_path)) == [{"step": 1}, {"step": 2}]

@@ -61,12 +61,14 @@ def load_base_model(run_dir: str) -> str | None:
 
 
 def read_metrics(run_dir: str) -> list[dict]:
-    """The rows of ``metrics.jsonl`` (empty when the run has logged nothing yet)."""
+    """The rows of ``metrics.jsonl`` (empty when the run has logged nothing yet). Text after the last newline is a
+    line a killed run did not finish: it is not a row (the run's resume drops it from the file)."""
     path = os.path.join(run_dir, METRICS_FILE)
     if not os.path.exists(path):
         return []
     with open(path) as f:
-        return [json.loads(ln) for ln in f if ln.strip()]
+        *lines, _unfinished = f.read().split("\n")
+    return [json.loads(ln) for ln in lines if ln.strip()]
 
 
 def save_model_config(run_dir: str, cfg: ModelConfig) -> None:
