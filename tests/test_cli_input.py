@@ -56,6 +56,8 @@ def _trajectories(tmp_path, block_size: int) -> str:
     ("data.buckets=[32,", "override 'data.buckets=[32,' is not valid YAML"),
     ("model.config.num_layer=2", "model.config: unknown model config keys: num_layer"),
     ("optim.learning_rate", "is not of the form key=value"),
+    ("mesh.tensor=16", "mesh: mesh data=1 x fsdp=-1 x tensor=16 does not fit"),
+    ("mesh.tensor=0", "mesh: mesh axes must be positive integers"),
 ])
 def test_train_refuses_a_bad_override_in_one_line(override, message, tmp_path, capsys, no_training):
     run = tmp_path / "run"

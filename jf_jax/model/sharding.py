@@ -1,10 +1,16 @@
-"""Device mesh and logical-axis sharding rules for training.
+"""Device mesh and logical-axis sharding rules, for training and for decoding.
 
-The mesh has two axes: ``data`` (pure data parallelism: parameters replicated) and ``fsdp`` (data parallel
-*and* parameters/optimizer state sharded). Parameters name their dimensions with logical axes
-(``jf_jax.model.params.logical_axes``); ``ShardingRules`` maps logical axes to mesh axes with Flax's logical
-partitioning (``flax.linen.logical_to_mesh_axes``, as maxtext does). Batches are split over both mesh axes along
-their leading (batch) dimension.
+The mesh has three axes: ``data`` (pure data parallelism: parameters replicated), ``fsdp`` (data parallel *and*
+parameters/optimizer state sharded, gathered per layer by XLA) and ``tensor`` (model parallelism: attention heads,
+KV heads, the MLP's hidden units and the vocabulary are split, and XLA inserts the reductions their partial sums
+need). Parameters name their dimensions with logical axes (``jf_jax.model.params.logical_axes``); ``ShardingRules``
+maps logical axes to mesh axes with Flax's logical partitioning (``flax.linen.logical_to_mesh_axes``, as maxtext
+does). Batches are split over ``data`` and ``fsdp`` along their leading (batch) dimension; every device of one
+``tensor`` group holds the same rows.
+
+The tensor split is of whole heads, so a model's query heads and KV heads must both divide the ``tensor`` axis
+(``tensor_split_problem``): a mesh that would split a head, or leave some devices without a KV head, is refused by
+name before anything loads, rather than silently replicated.
 """
 
 from __future__ import annotations
@@ -20,35 +26,66 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jf_jax.model.config import ModelConfig
 from jf_jax.model.params import logical_axes
 
-MESH_AXES = ("data", "fsdp")
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")
+TENSOR_RULES = (("q_heads", "tensor"), ("kv_heads", "tensor"), ("mlp", "tensor"), ("vocab", "tensor"))
+"""The logical axes split over ``tensor``: Megatron's layout (column-parallel q/k/v and gate/up, row-parallel wo and
+down, a vocabulary-parallel embedding and head)."""
 
 
-def make_mesh(data: int = 1, fsdp: int = -1, devices=None) -> Mesh:
-    """A ("data", "fsdp") mesh; ``-1`` for one axis takes all remaining devices."""
+def mesh_problem(data: int, fsdp: int, tensor: int, device_count: int) -> str | None:
+    """Why a (data, fsdp, tensor) mesh cannot be built from ``device_count`` devices, or None (-1: the rest)."""
+    sizes = dict(data=data, fsdp=fsdp, tensor=tensor)
+    if list(sizes.values()).count(-1) > 1:
+        return "at most one mesh axis may be -1"
+    bad = [f"{k}={v}" for k, v in sizes.items() if v != -1 and (isinstance(v, bool) or not isinstance(v, int) or v < 1)]
+    if bad:
+        return f"mesh axes must be positive integers (or -1 for one of them), got {', '.join(bad)}"
+    fixed = math.prod(v for v in sizes.values() if v != -1)
+    if fixed > device_count or (-1 in sizes.values() and device_count % fixed):
+        return (f"mesh data={data} x fsdp={fsdp} x tensor={tensor} does not fit the {device_count} device(s) "
+                f"here")
+    return None
+
+
+def make_mesh(data: int = 1, fsdp: int = -1, devices=None, *, tensor: int = 1) -> Mesh:
+    """A ("data", "fsdp", "tensor") mesh; ``-1`` for one axis takes all remaining devices."""
     devices = list(jax.devices() if devices is None else devices)
-    if data == -1 and fsdp == -1:
-        raise ValueError("at most one mesh axis may be -1")
-    if data == -1:
-        data = len(devices) // fsdp
-    if fsdp == -1:
-        fsdp = len(devices) // data
-    if data < 1 or fsdp < 1 or data * fsdp > len(devices):
-        raise ValueError(f"mesh data={data} x fsdp={fsdp} does not fit {len(devices)} devices")
-    return Mesh(np.array(devices[: data * fsdp]).reshape(data, fsdp), MESH_AXES)
+    problem = mesh_problem(data, fsdp, tensor, len(devices))
+    if problem:
+        raise ValueError(problem)
+    sizes = [data, fsdp, tensor]
+    if -1 in sizes:
+        sizes[sizes.index(-1)] = len(devices) // math.prod(v for v in sizes if v != -1)
+    return Mesh(np.array(devices[: math.prod(sizes)]).reshape(sizes), MESH_AXES)
+
+
+def tensor_split_problem(cfg: ModelConfig, tensor: int) -> str | None:
+    """Why ``cfg``'s model cannot be split over a ``tensor`` axis of that size, or None."""
+    if tensor <= 1:
+        return None
+    wrong = [f"{name} {n}" for name, n in (("query heads", cfg.num_heads), ("KV heads", cfg.num_kv_heads))
+             if n % tensor]
+    if wrong:
+        return (f"the model's {' and '.join(wrong)} do not divide the tensor axis of {tensor}: choose tensor from "
+                f"the common divisors of {cfg.num_heads} and {cfg.num_kv_heads}, and put the other devices on "
+                "data or fsdp")
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
 class ShardingRules:
     """Logical axis -> mesh axis (or None), in Flax's rule format. Unlisted logical axes are replicated."""
 
-    rules: tuple[tuple[str, str | None], ...] = (("embed", "fsdp"),)
-    batch: tuple[str, ...] = MESH_AXES
+    rules: tuple[tuple[str, str | None], ...] = (("embed", "fsdp"),) + TENSOR_RULES
+    batch: tuple[str, ...] = BATCH_AXES
 
     def spec(self, axes: tuple[str, ...], shape: tuple[int, ...], mesh: Mesh) -> P:
         """The PartitionSpec of one array: Flax's mapping (a mesh axis goes to the first dimension that claims it),
-        then any dimension that its mesh axis size does not divide is replicated instead."""
+        then any dimension that its mesh axis size does not divide (or whose axis the mesh lacks) is replicated
+        instead (heads are checked to divide ``tensor`` before a run starts: ``tensor_split_problem``)."""
         mapped = nn.logical_to_mesh_axes(axes, self.rules)
-        return P(*(m if m is None or dim % mesh.shape[m] == 0 else None for m, dim in zip(mapped, shape)))
+        return P(*(m if m in mesh.shape and dim % mesh.shape[m] == 0 else None for m, dim in zip(mapped, shape)))
 
     def batch_spec(self, ndim: int) -> P:
         return P(self.batch, *([None] * (ndim - 1)))

@@ -126,7 +126,9 @@ class LoopSection:
 class MeshSection:
     data: int = 1
     fsdp: int = -1
-    """-1: all devices not used by ``data``."""
+    """-1: all devices not used by ``data`` and ``tensor``."""
+    tensor: int = 1
+    """Devices that split each layer's heads, MLP units and vocabulary (``model.sharding``)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -296,7 +298,8 @@ def load_config(path: str, overrides: Sequence[str] = ()) -> TrainConfig:
 
 def check_before_training(tcfg: TrainConfig) -> None:
     """Raises ``ConfigKeyError`` for the faults of ``tcfg`` that training would otherwise meet only after loading
-    data or a model: ``model.config`` fields of a random model, and trajectories of another block size than
+    data or a model: a mesh the devices cannot hold, ``model.config`` fields of a random model, and trajectories
+    of another block size than
     ``data.block_size`` (``TrajectoryFormatError`` when ``data.path`` holds no trajectories). Reads manifests
     only."""
     if tcfg.model.source == "random":
@@ -304,6 +307,13 @@ def check_before_training(tcfg: TrainConfig) -> None:
             ModelConfig.from_dict(tcfg.model.config)
         except (ConfigError, TypeError) as e:  # TypeError: unknown rope_scaling fields
             raise ConfigKeyError(f"model.config: {e}") from None
+    import jax
+
+    from jf_jax.model.sharding import mesh_problem
+
+    problem = mesh_problem(tcfg.mesh.data, tcfg.mesh.fsdp, tcfg.mesh.tensor, jax.device_count())
+    if problem:
+        raise ConfigKeyError(f"mesh: {problem}")
     if tcfg.data.source == "trajectories":
         d = tcfg.data
         for path in [t for p in ((d.path,) if isinstance(d.path, str) else d.path) for t in trajectory_dirs(p)]:

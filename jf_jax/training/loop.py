@@ -38,7 +38,7 @@ from jf_jax.training import tensorboard
 from jf_jax.model.config import ModelConfig
 from jf_jax.training.packing import BatchStream, bucket_for, example_from_records, pack_example
 from jf_jax.model.params import abstract_params, init_params
-from jf_jax.model.sharding import ShardingRules, make_mesh
+from jf_jax.model.sharding import ShardingRules, make_mesh, tensor_split_problem
 from jf_jax.training.synthetic import SyntheticRecorder, make_prompts
 from jf_jax.training.config import ConfigKeyError, TrainConfig, config_from_dict
 from jf_jax.training.state import TrainState, abstract_state, init_state, make_optimizer, state_shardings
@@ -328,6 +328,10 @@ def run_training(tcfg: TrainConfig, run_dir: str, *, progress: bool = True, stop
     write_config = _check_config(tcfg, run_dir)
     _barrier("jf_jax config checked")  # a changed config is refused by every process before any is written over
     cfg = model_config(tcfg)
+    mesh = make_mesh(tcfg.mesh.data, tcfg.mesh.fsdp, devices, tensor=tcfg.mesh.tensor)
+    split = tensor_split_problem(cfg, tcfg.mesh.tensor)
+    if split:  # before the data and the weights load
+        raise ConfigKeyError(f"mesh.tensor: {split}")
     primary = _primary()
     if primary:
         rd.save_model_config(run_dir, cfg)
@@ -343,7 +347,6 @@ def run_training(tcfg: TrainConfig, run_dir: str, *, progress: bool = True, stop
               f"{tcfg.data.max_dropped_share:g})", flush=True)
 
     total = tcfg.train.steps
-    mesh = make_mesh(tcfg.mesh.data, tcfg.mesh.fsdp, devices)
     optimizer = make_optimizer(cfg, tcfg.optim, total)
     shardings = state_shardings(cfg, optimizer, abstract_params(cfg), mesh, rules)
     initial = None

@@ -1,8 +1,9 @@
-"""Runs one train step on 1 device and on a 2x4 ("data", "fsdp") mesh of 8 simulated CPU devices.
+"""Runs two train steps on 1 device and on (data, fsdp, tensor) meshes of 8 simulated CPU devices.
 
 Started by tests/test_train.py in a subprocess (``python -m tests.support.sharded_step_check``) with
-XLA_FLAGS=--xla_force_host_platform_device_count=8; prints a JSON report on its last stdout line. The sharded
-step runs with grad_accum=2, the single-device one without, so the comparison also covers gradient accumulation.
+XLA_FLAGS=--xla_force_host_platform_device_count=8; prints a JSON report on its last stdout line. The 2x4x1 mesh
+runs with grad_accum=2, the single-device one without, so the comparison also covers gradient accumulation; the
+meshes with a tensor axis split the tiny model's 4 query and 2 KV heads, its MLP and its vocabulary in two.
 """
 
 import dataclasses
@@ -39,16 +40,17 @@ def main():
     ocfg = OptimConfig(learning_rate=1e-2, warmup_steps=0, clip_norm=1.0, weight_decay=0.1)
     single_state, single_metrics, _ = run(make_mesh(1, 1, jax.devices()[:1]), ocfg, host_batch)
     ref = jax.device_get(single_state.params)
-    report = {"devices": jax.device_count()}
-    mesh = make_mesh(2, 4)
-    report["mesh"] = dict(mesh.shape)
-    for name, cfg in (("sharded_accum2", dataclasses.replace(ocfg, grad_accum=2)),):
-        state, metrics, shardings = run(mesh, cfg, host_batch)
+    report = {"devices": jax.device_count(), "meshes": {}}
+    for shape, accum in (((2, 4, 1), 2), ((2, 2, 2), 1), ((1, 4, 2), 1), ((4, 1, 2), 2)):
+        mesh = make_mesh(*shape[:2], tensor=shape[2])
+        state, metrics, shardings = run(mesh, dataclasses.replace(ocfg, grad_accum=accum), host_batch)
         diffs = jax.tree.map(lambda a, b: float(np.max(np.abs(np.asarray(a) - b))), jax.device_get(state.params), ref)
-        report[name] = {"max_param_diff": max(jax.tree.leaves(diffs)),
-                        "metrics_diff": {k: abs(metrics[k] - single_metrics[k]) / max(1.0, abs(single_metrics[k]))
-                                         for k in single_metrics}}
-        report["params_sharded"] = "fsdp" in str(shardings.params["layers"]["wq"].spec)
+        specs = {name: str(shardings.params["layers"][name].spec) for name in ("wq", "wk", "w_down")}
+        report["meshes"]["x".join(map(str, shape))] = {
+            "mesh": dict(mesh.shape), "grad_accum": accum, "max_param_diff": max(jax.tree.leaves(diffs)),
+            "metrics_diff": {k: abs(metrics[k] - single_metrics[k]) / max(1.0, abs(single_metrics[k]))
+                             for k in single_metrics},
+            "specs": specs, "lm_head_spec": str(shardings.params["lm_head"].spec)}
     print(json.dumps(report))
 
 
