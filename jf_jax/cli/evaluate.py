@@ -13,10 +13,12 @@ For each --model (a jf_jax.weights spec or a training RUN_DIR):
   comes from jf_jax.decoding.stats under its schema names (docs/method.md, section 8): TPF = generated tokens /
   forwards (the prefill counts as a forward) as a ratio of totals (tpf) and as a per-prompt mean (mean_tpf) with
   its seeded bootstrap 95% interval; tokens/s with and without prefill; speedup_vs_ar: tokens/s over same-dtype
-  AR's on the same prompts in the same run; match_ar: the fraction of prompts whose tokens equal AR's (greedy
-  Jacobi / MR are lossless up to floating-point ties, so it should be ~1). Each answer's 4-gram repeat fraction
-  and whether it loops (jf_jax.decoding.answer_quality) give the loop rate and the same summary over the answers
-  that do not loop (without_loops).
+  AR's on the same prompts in the same run; match_ar: the fraction of prompts whose tokens equal AR's. On CPUs,
+  and on GPUs at the fixed decode shape (--decode-shape auto), greedy Jacobi / MR give AR's tokens, so it is 1;
+  at natural shapes (--decode-shape off) on a GPU in bfloat16, forwards of different widths round differently and
+  answers can leave AR's, so it can be below 1. Each answer's 4-gram repeat fraction and whether it loops
+  (jf_jax.decoding.answer_quality) give the loop rate and the same summary over the answers that do not loop
+  (without_loops).
 * quality (in --quality-dtype): GSM8K exact-answer accuracy of greedy AR answers on the first --math-limit problems
   of --math (jf_jax.data.gsm.is_correct: last \\boxed{} / '####' / last number against the gold answer), decoded
   in batches of --math-batch problems (batched greedy AR; not timed); HumanEval pass@1 by execution (--humaneval);
@@ -24,22 +26,23 @@ For each --model (a jf_jax.weights spec or a training RUN_DIR):
   signal that a few minutes resolve).
 
 Writes OUT.json (everything: per run its summary, its per_prompt records with tpf, repeat_fraction and loops, and
-its token_ids) and OUT.md (tables).
+its token_ids) and OUT.md (tables) after each model, so a failure loses only the model it hit. Run again with the
+same --out and settings, it keeps the models OUT.json holds and evaluates the others; other settings are refused
+(jf_jax.cli.evaluate_options, which also checks every option before anything is loaded).
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import json
-import os
 import statistics
 import sys
 import time
 
-from jf_jax.cli.output_paths import file_problem
+from jf_jax.cli.evaluate_options import (device_name, parse_methods, previous_results, prompt_set_name, read_inputs,
+                                         refusal, summary_lines, write_report)
+from jf_jax.cli.evaluate_options import out_error  # noqa: F401  (evaluate's public check, moved beside the others)
 from jf_jax.cli.tune import positive_ints
-from jf_jax.data.build import read_jsonl
 
 
 def _speed_one(model, method: str, prompts, *, max_new_tokens: int, options: dict) -> dict:
@@ -267,16 +270,6 @@ def markdown(results: list[dict], args: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def prompt_set_name(path: str) -> str:
-    """A prompt set's name in the results: its file's stem (runs/prompts/code_heldout.jsonl -> code_heldout)."""
-    return os.path.splitext(os.path.basename(path))[0]
-
-
-def out_error(out: str) -> str | None:
-    """Why OUT.json and OUT.md could not be written, or None when they can (their directory is created)."""
-    return next(filter(None, (file_problem(out + ext) for ext in (".json", ".md"))), None)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="jf-jax evaluate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -311,72 +304,69 @@ def main(argv=None) -> int:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--decode-shape", default="auto",
                    help="pad every decode forward of the speed runs to one shape, ROWSxWIDTH per prompt: 'auto' (on "
-                        "GPUs and TPUs, the smallest shape covering every run, so each token gets the same bits in "
-                        "every method; off on CPUs, whose decode path is invariant by construction), 'off', or e.g. "
+                        "GPUs and TPUs, the smallest shape covering every run, so every method gives AR's tokens; "
+                        "off on CPUs, whose decode path is invariant by construction), 'off', or e.g. "
                         "4x64 (jf_jax.decoding.shapes)")
-    p.add_argument("--out", required=True, help="output path without extension (writes .json and .md)")
+    p.add_argument("--out", required=True,
+                   help="output path without extension: .json and .md, written after each model (the same --out "
+                        "with the same settings resumes)")
     args = p.parse_args(argv)
-    problem = out_error(args.out)  # before any work: the reports are written at the end, maybe hours later
+    methods = parse_methods(args.methods)
+    problem = refusal(args, methods, [(method, options) for _, method, options in
+                                      speed_runs(methods, args.block_size, args.num_blocks)])
     if problem:
-        print(f"error: cannot write --out {args.out}: {problem}", file=sys.stderr)
-        return 2
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    from jf_jax.api import run_shape
+        return _refuse(problem)
+    run = {**vars(args), "device": device_name()}  # named in the tables, and a setting a resumed report must share
+    results, problem = previous_results(args.out, run)
+    if problem:
+        return _refuse(problem)
+    (prompt_sets, math_rows, humaneval, humaneval_nll), problem = read_inputs(args)
+    if problem:
+        return _refuse(problem)
+    from jf_jax.api import load_model
     from jf_jax.decoding.common import GenerationError
     from jf_jax.decoding.sampling import Sampling
 
-    try:
-        run_shape(args.decode_shape, [(method, options) for _, method, options in
-                                      speed_runs(methods, args.block_size, args.num_blocks)], backend="cpu")
-    except GenerationError as e:
-        print(f"error: --decode-shape: {e}", file=sys.stderr)
-        return 2
-
-    sampling = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-    names = [prompt_set_name(f) for f in args.prompts + args.train_prompts]
-    if len(set(names)) < len(names):
-        print(f"error: two prompt files share a name ({', '.join(names)}): each set is named by its file's stem",
-              file=sys.stderr)
-        return 2
-    prompt_sets = {prompt_set_name(f): read_jsonl(f)[: args.limit] for f in args.prompts + args.train_prompts}
-    train_sets = tuple(prompt_set_name(f) for f in args.train_prompts)
-    math_rows = read_jsonl(args.math)[: args.math_limit] if args.math else []
-    humaneval, humaneval_nll = [], []
-    nll_count = args.humaneval if args.humaneval_nll is None else args.humaneval_nll
-    if args.humaneval > 0 or nll_count > 0:
-        from jf_jax.data import humaneval as he
-
-        problems = he.load_problems(he.fetch())
-        humaneval, humaneval_nll = problems[: max(args.humaneval, 0)], problems[: max(nll_count, 0)]
-    results = []
     for spec in args.model:
+        if spec in {r["model"] for r in results}:
+            print(f"{spec}: skipped, already in {args.out}.json with these settings", flush=True)
+            continue
         start = time.perf_counter()
-        res = evaluate_model(spec, prompt_sets, math_rows, methods=methods, block_sizes=args.block_size,
-                             dtype=args.dtype, quality_dtype=args.quality_dtype, sampling=sampling,
-                             max_new_tokens=args.max_new_tokens, math_max_new_tokens=args.math_max_new_tokens,
-                             num_blocks=args.num_blocks, seed=args.seed, math_batch=args.math_batch,
-                             humaneval=humaneval, humaneval_nll=humaneval_nll,
-                             humaneval_max_new_tokens=args.humaneval_max_new_tokens,
-                             train_sets=train_sets, decode_shape=args.decode_shape)
+        try:
+            model = load_model(spec, dtype=args.dtype)
+        except (ValueError, OSError) as e:  # WeightsError, ConfigError and TokenizerError are ValueErrors
+            return _refuse(f"--model {spec} cannot be loaded: {e}{_kept(results, args.out)}")
+        try:
+            res = evaluate_model(spec, prompt_sets, math_rows, methods=methods, block_sizes=args.block_size,
+                                 dtype=args.dtype, quality_dtype=args.quality_dtype,
+                                 sampling=Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p),
+                                 max_new_tokens=args.max_new_tokens, math_max_new_tokens=args.math_max_new_tokens,
+                                 num_blocks=args.num_blocks, seed=args.seed, math_batch=args.math_batch,
+                                 humaneval=humaneval, humaneval_nll=humaneval_nll,
+                                 humaneval_max_new_tokens=args.humaneval_max_new_tokens, model=model,
+                                 train_sets=tuple(map(prompt_set_name, args.train_prompts)),
+                                 decode_shape=args.decode_shape)
+        except GenerationError as e:  # e.g. a prompt too long for this model's context
+            return _refuse(f"--model {spec}: {e}{_kept(results, args.out)}")
         res["seconds"] = time.perf_counter() - start
         results.append(res)
-        for set_name, per_method in res["speed"].items():
-            print(spec, set_name, {m: round(s["tpf"], 3) for m, s in per_method.items()}, flush=True)
-        if res["math"]:
-            print(spec, "gsm accuracy", res["math"]["accuracy"], flush=True)
-        if res["humaneval"]:
-            print(spec, "humaneval pass@1", res["humaneval"]["pass_at_1"], flush=True)
-        if res["humaneval_nll"]:
-            print(spec, "humaneval solution NLL", round(res["humaneval_nll"]["nll_per_token"], 4), flush=True)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    import jax
-
-    device = jax.devices()[0]  # the tables once said "CPU (2 cores)" on an H100 too
-    run = {**vars(args), "device": f"CPU ({os.cpu_count()} cores)" if device.platform == "cpu" else device.device_kind}
-    with open(args.out + ".json", "w") as f:
-        json.dump(dict(args=run, results=results), f, indent=1)
-    with open(args.out + ".md", "w") as f:
-        f.write(markdown(results, run))
+        print("\n".join(summary_lines(spec, res)), flush=True)
+        write_report(args.out, run, results, markdown)  # now: a later model's failure cannot lose this one
     print(f"wrote {args.out}.json and {args.out}.md")
     return 0
 
+
+def _refuse(problem: str) -> int:
+    print(f"error: {problem}", file=sys.stderr)
+    return 2
+
+
+def _kept(results: list[dict], out: str) -> str:
+    """What a failure keeps: the models done, in OUT.json, which the same command resumes from."""
+    if not results:
+        return ""
+    return f" ({len(results)} model(s) done are in {out}.json: the same command resumes after them)"
+
+
+if __name__ == "__main__":  # python -m jf_jax.cli.evaluate, as python -m jf_jax.evaluate
+    sys.exit(main())
