@@ -144,8 +144,9 @@ def main(argv=None) -> int:
                         "programs of B rows (the same trajectories, tested equal)")
     p.add_argument("--decode-shape", default="auto",
                    help="with --batch-size > 1: pad the AR and Jacobi forwards to one shape, ROWSxWIDTH per prompt: "
-                        "'auto' (1xN on GPUs and TPUs, so a block's fixed point gets AR's bits; off on CPUs, whose "
-                        "decode path is invariant by construction), 'off', or e.g. 1x32 (jf_jax.decoding.shapes)")
+                        "'auto' (1xN on GPUs and TPUs, so AR and the blocks run the same kernels: every fixed point "
+                        "equalled AR's tokens on an H100, and no TPU has run it; off on CPUs, whose decode path is "
+                        "bit-invariant by construction), 'off', or e.g. 1x32 (jf_jax.decoding.shapes)")
     p.add_argument("--no-progress", action="store_true")
     add_distributed_args(p)
     args = p.parse_args(argv)
