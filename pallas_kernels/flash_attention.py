@@ -39,7 +39,7 @@ from pallas_kernels.mask import MASK_KINDS, MASK_NOISE_CONDITIONED, TokenMeta, a
 # The tile schedule lives in its own module (the TPU kernels share it); re-exported here, where callers found it.
 from pallas_kernels.schedule import (TileSummary, pad_meta, round_up, tile_schedule, tile_sparsity,  # noqa: F401
                                      tile_summary, tile_visit_mask)
-from pallas_kernels.tuning import BlockSizes, block_sizes_for
+from pallas_kernels.tuning import BlockSizes, block_sizes_for, tpu_block_sizes
 
 BACKENDS = ("triton", "tpu")
 BACKWARDS = ("fused", "reference")
@@ -228,7 +228,9 @@ def attention(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, *, mask_kind: str =
     """Masked GQA attention, flash-style with masked tiles skipped; semantics of ``attention_reference``.
 
     q: [B, T, H, D]; k, v: [B, S, K, D]; q_meta fields [B, T], k_meta fields [B, S] (int32). Returns
-    [B, T, H, D] in q's dtype. ``block_sizes``: tiles (default: ``tuning.block_sizes_for`` the first device).
+    [B, T, H, D] in q's dtype. ``block_sizes``: tiles (default: ``tuning.block_sizes_for`` the first device; with
+    ``backend="tpu"``, ``tuning.tpu_block_sizes``, tiles Mosaic accepts at every length). Tiles given explicitly
+    are used as given, and the compiled TPU kernel refuses illegal ones with a message naming the tile.
     ``interpret``: run the kernel in Pallas interpret mode (default: when JAX's default backend is CPU); with
     ``backend="tpu"`` that is the TPU interpret mode (``pltpu.InterpretParams``), which simulates the TPU's grid,
     scalar prefetch and VMEM scratch on the host.
@@ -253,7 +255,8 @@ def attention(q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, *, mask_kind: str =
     if backward not in BACKWARDS:
         raise ValueError(f"unknown backward {backward!r}; expected one of {BACKWARDS}")
     if block_sizes is None:
-        block_sizes = block_sizes_for()
+        # TPU: the same tiles compiled or interpreted, legal for Mosaic at any length (tuning.tpu_block_sizes).
+        block_sizes = tpu_block_sizes() if backend == "tpu" else block_sizes_for()
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     q_meta = TokenMeta(*(jnp.asarray(f, jnp.int32) for f in q_meta))
     k_meta = TokenMeta(*(jnp.asarray(f, jnp.int32) for f in k_meta))

@@ -69,7 +69,8 @@ class TpuInputs(NamedTuple):
 
 def tile_sizes(block_q: int, block_k: int, T: int, S: int) -> tuple[int, int]:
     """Tiles shrunk for short inputs (a 16-token draft block should not pay for a 128-row tile). A shrunk key
-    tile covers all keys in one tile, which is what the TPU layout allows besides multiples of 128."""
+    tile covers all keys in one tile, which is what the TPU layout allows besides multiples of 128; so key tiles
+    of at least 128 (``tuning.tpu_block_sizes``, the default) are legal at every length."""
     return min(block_q, max(16, pl.next_power_of_2(T))), min(block_k, max(16, pl.next_power_of_2(S)))
 
 

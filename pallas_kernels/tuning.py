@@ -59,16 +59,23 @@ TILE_SIZES: dict[str, BlockSizes] = {
     # (v6e); the v5e row comes before the v5p one, whose key is its prefix. Not measured (no TPU has been lent
     # to this project): 128 keys is the smallest key tile the kernel's layout allows (keys' data on lanes) and one
     # pass of a 128x128 MXU (v4, v5e, v5p); v6e's MXU is 256x256, so it takes 256x256. Each row compiles for its
-    # generation, forward and backward, at head dim 128 (tests/test_pallas_attention.py::TestTpuCompile).
+    # generation, forward and backward, at head dim 128 (tests/test_pallas_tpu.py::TestTpuCompile).
     # num_warps / num_stages are Triton's and unused here.
     "TPU v6": BlockSizes(block_q=256, block_k=256),
     "TPU v5 lite": BlockSizes(block_q=128, block_k=128),
     "TPU v5": BlockSizes(block_q=128, block_k=128),
     "TPU v4": BlockSizes(block_q=128, block_k=128),
+    # Any other TPU kind (a generation not listed above), and the TPU kernels' tiles on a host that is no TPU
+    # (lowering for a TPU from a CPU, interpret mode): see ``tpu_block_sizes``.
+    "TPU": BlockSizes(block_q=128, block_k=128),
     # Interpret mode runs one grid step at a time on the host: larger tiles mean fewer, vectorised steps.
     "cpu": BlockSizes(block_q=64, block_k=64),
     "default": BlockSizes(block_q=64, block_k=64, num_warps=4, num_stages=2),
 }
+
+
+# A TPU vreg is 8 sublanes x 128 lanes; the TPU kernels put keys on lanes (see ``tpu_attention``).
+TPU_LANES = 128
 
 
 def block_sizes_for(device_kind: str | None = None, table: dict[str, BlockSizes] | None = None) -> BlockSizes:
@@ -85,3 +92,23 @@ def block_sizes_for(device_kind: str | None = None, table: dict[str, BlockSizes]
     if "default" not in table:
         raise ValueError(f"no tile sizes for device kind {device_kind!r} and no 'default' entry in {sorted(table)}")
     return table["default"]
+
+
+def tpu_block_sizes(device_kind: str | None = None, table: dict[str, BlockSizes] | None = None) -> BlockSizes:
+    """Default tiles of the TPU (Mosaic) kernels, legal for Mosaic at every length and head dim.
+
+    The row of ``device_kind`` (default: the first JAX device's kind) when it is a TPU, else the generic "TPU"
+    row (lowering for a TPU from a CPU host, TPU interpret mode), with ``block_k`` raised to at least
+    ``TPU_LANES``. Why that is always legal, with ``tpu_attention.tile_sizes`` shrinking a tile to the input:
+    tiles are powers of two of at least 16 (``BlockSizes``), so ``block_q`` is a multiple of 8 sublanes (and of
+    16, the bf16 packing) whether or not it shrinks; an unshrunk ``block_k`` is a power of two >= 128, so a
+    multiple of 128 lanes, and a shrunk one is ``max(16, next_power_of_2(S)) >= S`` keys, so the keys pad to
+    exactly one tile that covers them all. The head dim is never tiled.
+    """
+    table = TILE_SIZES if table is None else table
+    if device_kind is None:
+        import jax  # local: keeps this module importable as plain data
+
+        device_kind = jax.devices()[0].device_kind
+    sizes = block_sizes_for(device_kind, table) if "tpu" in device_kind.lower() else table.get("TPU", TILE_SIZES["TPU"])
+    return dataclasses.replace(sizes, block_k=max(sizes.block_k, TPU_LANES))
