@@ -37,7 +37,7 @@ from jf_jax.decoding.ar import ARDecoder
 from jf_jax.decoding.blocks import block_key, draw_context
 from jf_jax.decoding.common import MAX_BATCH_SIZE, check_int, eos_array, prepare_prompts, prompt_key
 from jf_jax.decoding.jacobi import JacobiDecoder, JacobiState
-from jf_jax.decoding.placement import local_rows_mesh, place_rows, replicate, rows_multiple
+from jf_jax.decoding.placement import local_rows_mesh, place_params, place_rows, rows_multiple
 from jf_jax.decoding.recording import BlockTrajectory
 from jf_jax.decoding.runner import MAX_BLOCK_SIZE
 from jf_jax.decoding.shapes import DecodeShape
@@ -141,7 +141,7 @@ def record_batch(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, 
     indices = list(range(len(prompts))) if prompt_indices is None else [int(i) for i in prompt_indices]
     if len(indices) != len(prompts):
         raise ValueError(f"{len(prompts)} prompts but {len(indices)} prompt_indices")
-    params = replicate(mesh, as_decode_view(params))
+    params = place_params(mesh, as_decode_view(params), cfg)
     recorder = _Recorder(params, cfg, n, whole_blocks, decode_shape, mesh, eos_ids, batch_size)
     order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
     results: dict[int, ResponseTrajectories] = {}

@@ -157,7 +157,7 @@ def generate_jacobi(params: Params | DecodeView, cfg: ModelConfig, prompts: Sequ
                     on_tokens: OnTokens | None = None,
                     on_step: Callable[[int, JacobiState, JacobiState], None] | None = None,
                     sampling: Sampling = GREEDY, first_index: int = 0,
-                    decode_shape: DecodeShape | None = None) -> GenerationResult:
+                    decode_shape: DecodeShape | None = None, mesh=None) -> GenerationResult:
     """Jacobi decoding of token-id prompts (greedy, or sampled with ``sampling``: the same tokens as AR with the
     same ``sampling`` and ``seed``; ``first_index`` as in ``runner.decode_prompts``), ``batch_size`` prompts at a
     time (each row with its own block, acceptance, cache length and stop; shapes are bucketed so new prompts reuse
@@ -165,7 +165,7 @@ def generate_jacobi(params: Params | DecodeView, cfg: ModelConfig, prompts: Sequ
     ``driver="python"`` steps from the host and may stream, ``on_tokens(prompt_index, new_ids)``, and observe,
     ``on_step(prompt_index, before, after)`` (one-row views of the state). ``forwards`` counts the prefill;
     ``stats`` holds per-prompt and total statistics (``decoding.stats``); ``decode_shape`` pads every forward to
-    that shape (``decoding.shapes``)."""
+    that shape (``decoding.shapes``); ``mesh`` splits rows and weights over devices (``decoding.placement``)."""
     n = check_int("block_size", block_size, 1, MAX_BLOCK_SIZE)
     if decode_shape is not None:
         decode_shape.check_covers("jacobi", 1, n)
@@ -173,4 +173,4 @@ def generate_jacobi(params: Params | DecodeView, cfg: ModelConfig, prompts: Sequ
     return decode_prompts(JacobiDecoder(cfg, n, sampling=sampling, shape=decode_shape), params, prep,
                           eos_array(eos_ids),
                           seed=seed, batch_size=batch_size, driver=driver, warmup=warmup, on_tokens=on_tokens,
-                          on_step=on_step, settings=dict(method="jacobi"), first_index=first_index)
+                          on_step=on_step, settings=dict(method="jacobi"), first_index=first_index, mesh=mesh)

@@ -226,12 +226,12 @@ def generate_mr(params: Params | DecodeView, cfg: ModelConfig, prompts: Sequence
                 pool_size: int = 4, seed: int = 0, batch_size: int = 1, warmup: bool = True, driver: str = "compiled",
                 on_tokens: OnTokens | None = None, on_step: Callable[[int, MRState, MRState], None] | None = None,
                 sampling: Sampling = GREEDY, first_index: int = 0,
-                decode_shape: DecodeShape | None = None) -> GenerationResult:
+                decode_shape: DecodeShape | None = None, mesh=None) -> GenerationResult:
     """Multi-block Jacobi decoding with rejection recycling ("mr"), ``batch_size`` prompts at a time on bucketed
     shapes (with recycling, a forward verifies ``pool_size`` rows per prompt whenever any prompt has candidates).
     ``pool_size`` is the verification size: up to ``pool_size - 1`` recycled candidates are verified beside the
     draft (1 disables recycling); ``num_blocks=1`` disables multi-block. Drivers, streaming, observing and
-    ``sampling`` and ``decode_shape`` as ``generate_jacobi``."""
+    ``sampling``, ``decode_shape`` and ``mesh`` as ``generate_jacobi``."""
     n = check_int("block_size", block_size, 1, MAX_BLOCK_SIZE)
     num_blocks = check_int("num_blocks", num_blocks, 1, MAX_NUM_BLOCKS)
     pool_size = check_int("pool_size", pool_size, 1, MAX_POOL_SIZE)
@@ -247,4 +247,4 @@ def generate_mr(params: Params | DecodeView, cfg: ModelConfig, prompts: Sequence
                     spawn_threshold=decoder.spawn_threshold, pool_size=pool_size)
     return decode_prompts(decoder, params, prep, eos_array(eos_ids), seed=seed, batch_size=batch_size,
                           driver=driver, warmup=warmup, on_tokens=on_tokens, on_step=on_step, settings=settings,
-                          first_index=first_index)
+                          first_index=first_index, mesh=mesh)

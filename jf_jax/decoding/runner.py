@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jf_jax.decoding.common import GenerationError, GenerationResult, PreparedPrompts, batch_slices, prompt_key
-from jf_jax.decoding.placement import place_rows, replicate, rows_multiple
+from jf_jax.decoding.placement import place_params, place_rows, rows_multiple
 from jf_jax.decoding.sampling import GREEDY, Sampling, sampling_key
 from jf_jax.decoding.shapes import DecodeShape, shape_label
 from jf_jax.decoding.stats import prompt_stats, summarize
@@ -156,8 +156,9 @@ def decode_prompts(decoder: BlockDecoder, params: Params | DecodeView, prep: Pre
     request: ``first_index + i``) draws its drafts from ``prompt_key(seed, first_index + i)`` whatever its batch,
     so its tokens and statistics do not depend on ``batch_size``; it samples (when ``decoder.sampling`` is not
     greedy) with ``sampling_key(seed, first_index + i)``, a stream apart from the drafts'.
-    ``on_step(prompt_index, before, after)`` observes the python driver. With a ``mesh``
-    (``placement.local_rows_mesh``) each batch's rows are split over its devices (B rounded up to fill them).
+    ``on_step(prompt_index, before, after)`` observes the python driver. With a ``mesh`` (``model.sharding``'s
+    ``data``, ``fsdp``, ``tensor``; ``placement``) each batch's rows are split over its batch axes (B rounded up to
+    fill them) and the weights over ``tensor``.
 
     ``warmup`` first compiles the programs with a 1-token run on the same shapes, so ``seconds`` excludes
     compilation. Prompts decoded together share one wall clock: per-prompt seconds exist only for
@@ -168,7 +169,7 @@ def decode_prompts(decoder: BlockDecoder, params: Params | DecodeView, prep: Pre
     params = as_decode_view(params)
     num = prep.tokens.shape[0]
     B, batches = batch_slices(num, batch_size, rows_multiple(mesh))
-    params = replicate(mesh, params)
+    params = place_params(mesh, params, decoder.cfg)
 
     def run_batch(first: int, idx, max_new: int, stream=None, observe=None):
         padding = jnp.asarray(np.arange(first, first + B) >= num)  # rows repeating a prompt: finished from the start

@@ -1,0 +1,30 @@
+"""Decoding on a (data, fsdp, tensor) mesh of 8 simulated CPU devices (``decoding.placement``): rows split over
+data x fsdp, heads, MLP units and vocabulary over tensor. jacobi and mr give the tokens of the same sharded
+program's AR, greedy and sampled, and on the test model that AR equals one device's."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.slow  # a subprocess that compiles three decoders on three meshes of 8 simulated devices
+def test_sharded_decoding_equals_ar_and_one_device():
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu",
+           "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "tests.support.sharded_decode_check"], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["devices"] == 8 and set(report["meshes"]) == {"1x1x2", "2x2x2", "4x1x2"}
+    for name, r in report["meshes"].items():
+        assert "tensor" in r["wq_spec"] and "tensor" in r["lm_head_spec"], (name, r)
+        for mode in ("greedy", "sampled"):
+            if mode in r:
+                assert all(r[mode].values()), (name, mode, r[mode])
+    assert "sampled" in report["meshes"]["4x1x2"]
+    assert "KV heads 2 do not divide the tensor axis of 4" in report["tensor4"], report["tensor4"]
