@@ -28,3 +28,24 @@ def test_sharded_decoding_equals_ar_and_one_device():
                 assert all(r[mode].values()), (name, mode, r[mode])
     assert "sampled" in report["meshes"]["4x1x2"]
     assert "KV heads 2 do not divide the tensor axis of 4" in report["tensor4"], report["tensor4"]
+
+
+@pytest.mark.slow  # the embedded SmolLM2-135M decoded on one and on three simulated devices (~40 s)
+def test_the_decode_cli_on_a_tensor_mesh_gives_one_devices_tokens(tmp_path):
+    """SmolLM2-135M's 9 query and 3 KV heads split over ``--mesh tensor=3``: float32 ar, jacobi and mr give the
+    tokens of the same command on one device (prompts written here, not in the repository)."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("def fibonacci(n):\nName three rivers in Europe.\n")
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=3", "JAX_PLATFORMS": "cpu",
+           "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+    reports = {}
+    for name, extra in (("mesh", ["--mesh", "tensor=3"]), ("one", [])):
+        out = tmp_path / f"{name}.json"
+        proc = subprocess.run([sys.executable, "-m", "jf_jax.decode", "--prompts", str(prompts), "--dtype", "float32",
+                               "--methods", "ar,jacobi,mr", "--max-new-tokens", "16", "--json", str(out), *extra],
+                              env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        runs = json.loads(out.read_text())["runs"]
+        reports[name] = {m: [r["token_ids"] for r in runs if r["method"] == m] for m in ("ar", "jacobi", "mr")}
+    assert reports["mesh"]["ar"] == reports["one"]["ar"]
+    assert reports["mesh"]["jacobi"] == reports["mesh"]["mr"] == reports["mesh"]["ar"]

@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+from jf_jax.cli.mesh import MeshSpec, build_mesh, mesh_error, parse_mesh
 from jf_jax.cli.output_paths import file_problem
 from jf_jax.data.prompt_files import gather_prompts
 from jf_jax.decoding import stats, stats_table
@@ -33,7 +34,7 @@ DEFAULTS = dict(methods="ar,jacobi", max_new_tokens=128, block_size=CLI_BLOCK_SI
 # The options a decoding run reads and ``--tune`` does not (it passes only --num-blocks, --spawn-ratio and --seed
 # to the tuner's grid).
 DECODE_ONLY_OPTIONS = ("methods", "max_new_tokens", "block_size", "pool_size", "batch_size", "temperature", "top_k",
-                       "top_p", "stream", "json")
+                       "top_p", "stream", "json", "mesh")
 TUNE_GRID_OPTIONS = ("num_blocks", "spawn_ratio", "seed")
 
 
@@ -74,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "kernels: jacobi and mr gave AR's tokens on every prompt measured on an H100 and an H200, and "
                         "no TPU has run; off on CPUs, whose decode path is bit-invariant by construction), 'off', or "
                         "e.g. 4x32")
+    p.add_argument("--mesh", type=parse_mesh,
+                   help="spread decoding over devices: data=D,fsdp=F,tensor=T (rows over data x fsdp, heads, MLP "
+                        "units and vocabulary over tensor; jf_jax.decoding.placement); unnamed axes are 1")
     p.add_argument("--batch-size", type=int,
                    help="decode this many prompts at a time in one program (every method; tokens as decoded alone; "
                         f"default {DEFAULTS['batch_size']})")
@@ -146,6 +150,9 @@ def check_args(args) -> None:
     check_values(args)
     if not args.tune:
         decode_shape(args, backend="cpu")  # the value and, for RxW, that it covers every method
+    problem = mesh_error(args.mesh)  # the devices against the mesh, before any model loads
+    if problem:
+        raise ValueError(problem)
 
 
 def decode_shape(args, backend: str | None = None):
@@ -258,7 +265,9 @@ def run(args) -> dict:
     shape = decode_shape(args)
     environment["decode_shape"] = shape_label(shape)
     print(f"loading {args.model} ({args.dtype}) ...", file=sys.stderr)
-    model = api.load_model(args.model, dtype=args.dtype)
+    # On a mesh the weights keep the plain layout XLA can split (no CPU-kernel packing).
+    model = api.load_model(args.model, dtype=args.dtype, column_shards=None if args.mesh is None else 1)
+    mesh = build_mesh(args.mesh, model.cfg)
     runs = []
     # Streamed text goes to the terminal as it arrives, so the progress bar (which redraws its line) is off.
     with tqdm(total=len(methods) * len(prompts), desc="decoding", unit="prompt", file=sys.stderr,
@@ -267,6 +276,8 @@ def run(args) -> dict:
             options = method_options(method, args)
             if shape is not None:  # the one shape of every method's forwards (GPUs and TPUs by default)
                 options["decode_shape"] = shape
+            if mesh is not None:
+                options["mesh"] = mesh
             if args.batch_size > 1:  # one call decodes every prompt, batch_size at a time
                 bar.set_postfix_str(f"{method} x{len(prompts)}")
                 completions = list(enumerate(api.generate(model, prompts, method=method, chat=not args.no_chat,
@@ -293,7 +304,7 @@ def run(args) -> dict:
                              "stats": c.stats})
             if args.batch_size > 1:
                 bar.update(len(prompts))
-    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
+    settings = {k: (str(v) if isinstance(v, (Path, MeshSpec)) else v) for k, v in vars(args).items()
                 if k not in ("prompt", "prompts", "json")}
     return {"model": model.name, "settings": settings, "environment": environment, "runs": runs,
             "summary": summarize(runs)}

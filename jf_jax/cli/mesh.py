@@ -1,0 +1,67 @@
+"""``--mesh data=D,fsdp=F,tensor=T``: the device mesh a decode, evaluate or collect run spreads over
+(``model.sharding``: rows over ``data`` x ``fsdp``, heads, MLP units and vocabulary over ``tensor``).
+
+Parsed when the command line is, and checked against this process's devices before anything loads; whether the
+model's heads divide ``tensor`` is checked once its config is known (``model.sharding.tensor_split_problem``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+AXES = ("data", "fsdp", "tensor")
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSpec:
+    data: int = 1
+    fsdp: int = 1
+    tensor: int = 1
+
+    def __str__(self) -> str:
+        return ",".join(f"{a}={getattr(self, a)}" for a in AXES)
+
+
+def parse_mesh(text: str) -> MeshSpec:
+    """``"tensor=2"`` or ``"data=2,tensor=4"`` (unnamed axes are 1) as a ``MeshSpec``; an ``argparse`` type."""
+    sizes = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        name, sep, value = part.partition("=")
+        if not sep or name.strip() not in AXES or name.strip() in sizes:
+            raise argparse.ArgumentTypeError(f"--mesh takes {', '.join(a + '=N' for a in AXES)} (each at most once), "
+                                             f"got {text!r}")
+        try:
+            sizes[name.strip()] = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--mesh {name.strip()} must be a whole number, got {value!r}") from None
+    if not sizes:
+        raise argparse.ArgumentTypeError(f"--mesh names no axis: {text!r}")
+    return MeshSpec(**sizes)
+
+
+def mesh_error(spec: MeshSpec | None) -> str | None:
+    """Why this process's devices cannot hold ``spec`` (one line for the CLI), or None."""
+    if spec is None:
+        return None
+    import jax
+
+    from jf_jax.model.sharding import mesh_problem
+
+    problem = mesh_problem(spec.data, spec.fsdp, spec.tensor, jax.device_count())
+    if problem and "does not fit" in problem:
+        problem += (" (on a CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N makes N devices of its cores)")
+    return None if problem is None else f"--mesh {spec}: {problem}"
+
+
+def build_mesh(spec: MeshSpec | None, cfg=None):
+    """The mesh of ``spec`` (None: one device, no mesh); with ``cfg``, a model whose heads the ``tensor`` axis
+    cannot split is refused (ValueError naming both)."""
+    if spec is None:
+        return None
+    from jf_jax.model.sharding import make_mesh, tensor_split_problem
+
+    problem = None if cfg is None else tensor_split_problem(cfg, spec.tensor)
+    if problem:
+        raise ValueError(f"--mesh {spec}: {problem}")
+    return make_mesh(spec.data, spec.fsdp, tensor=spec.tensor)
