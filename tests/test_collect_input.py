@@ -77,8 +77,8 @@ def test_the_manifest_records_every_setting_that_shapes_a_trajectory(collected):
     settings = read_manifest(str(out))["metadata"]["settings"]
     assert settings == dict(model="smollm2-135m", dtype="float32", block_size=4, max_new_tokens=8, seed=0, chat=True,
                             repetition_filter=None, batch_size=1, decode_shape=None, backend=jax.default_backend(),
-                            prompts_file=str(prompts), prompts_sha256=settings["prompts_sha256"], domains=None,
-                            offset=0, limit=3)
+                            mesh=None, prompts_file=str(prompts), prompts_sha256=settings["prompts_sha256"],
+                            domains=None, offset=0, limit=3)
 
 
 @pytest.mark.parametrize("args, named", [
@@ -93,6 +93,7 @@ def test_the_manifest_records_every_setting_that_shapes_a_trajectory(collected):
     (["--domains", "math"], '--domains null (this run: ["math"])'),
     (["--offset", "1"], "--offset 0 (this run: 1)"),
     (["--limit", "2"], "--limit 3 (this run: 2)"),
+    (["--batch-size", "2", "--mesh", "data=1"], '--mesh null (this run: "data=1,fsdp=1,tensor=1")'),
 ])
 def test_a_resume_with_another_setting_is_refused_by_name_before_loading_a_model(collected, monkeypatch, capsys,
                                                                                   args, named):

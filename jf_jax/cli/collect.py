@@ -24,6 +24,7 @@ import time
 from jf_jax.cli.collect_settings import (CollectInputError, check_resume, legacy_collection_complete,
                                          number_problems, read_prompt_rows, settings_from_args)
 from jf_jax.cli.distributed import add_distributed_args, init_distributed
+from jf_jax.cli.mesh import build_mesh, mesh_error, parse_mesh, plain_layout
 from jf_jax.cli.output_paths import directory_problem
 
 
@@ -69,8 +70,12 @@ def check_lengths(rows: list[dict], prompts, *, max_new_tokens: int, context: in
             f"them out (--domains / --offset / --limit); nothing is truncated silently")
 
 
+class MeshError(ValueError):
+    """A --mesh the model cannot be split over."""
+
+
 def make_record_shard(params, cfg, *, block_size: int, max_new_tokens: int, eos_ids, seed: int, batch_size: int = 1,
-                      decode_shape=None):
+                      decode_shape=None, mesh=None):
     """``record_shard(example_ids, prompts)`` for ``training.trajectories.collect``: prompt ``example_id`` draws its
     drafts from ``prompt_key(seed, example_id)``, so a response's trajectories do not depend on the shard or the
     batch. ``batch_size`` 1 records one prompt at a time through the Python driver (``record_trajectories``);
@@ -86,7 +91,7 @@ def make_record_shard(params, cfg, *, block_size: int, max_new_tokens: int, eos_
             return [record_trajectories(params, cfg, p, prompt_index=i, **options)
                     for i, p in zip(example_ids, prompts)]
         return record_batch(params, cfg, prompts, prompt_indices=example_ids, batch_size=batch_size,
-                            decode_shape=decode_shape, **options)
+                            decode_shape=decode_shape, mesh=mesh, **options)
 
     return record_shard
 
@@ -94,9 +99,10 @@ def make_record_shard(params, cfg, *, block_size: int, max_new_tokens: int, eos_
 def run_collect(model, rows: list[dict], out: str, *, block_size: int, max_new_tokens: int, seed: int = 0,
                 repetition_filter: bool = False, prompts_per_shard: int = 16, chat: bool = True,
                 metadata: dict | None = None, progress: bool = True, batch_size: int = 1,
-                decode_shape: str = "auto") -> dict:
+                decode_shape: str = "auto", mesh=None) -> dict:
     """Collects trajectories of ``model`` (a ``jf_jax.weights.LoadedModel``) on ``rows`` into ``out``; the batched
-    recorder pads its forwards to ``decode_shape`` ("auto": on GPUs and TPUs, ``api.run_shape``)."""
+    recorder pads its forwards to ``decode_shape`` ("auto": on GPUs and TPUs, ``api.run_shape``) and spreads over
+    ``mesh`` when one is given."""
     from jf_jax.api import encode_prompts, run_shape
     from jf_jax.decoding.shapes import shape_label
     from jf_jax.training.trajectories import collect, repetition_filter as make_filter
@@ -111,7 +117,7 @@ def run_collect(model, rows: list[dict], out: str, *, block_size: int, max_new_t
                 seed=seed, chat=chat, repetition_filter=repetition_filter, eos_ids=list(eos),
                 prompt_ids=[r.get("id") for r in rows], decode_shape=shape_label(shape), **(metadata or {}))
     record_shard = make_record_shard(model.params, model.cfg, block_size=block_size, max_new_tokens=max_new_tokens,
-                                     eos_ids=eos, seed=seed, batch_size=batch_size, decode_shape=shape)
+                                     eos_ids=eos, seed=seed, batch_size=batch_size, decode_shape=shape, mesh=mesh)
     return collect(prompts, None, out, block_size=block_size, prompts_per_shard=prompts_per_shard, keep_fn=keep,
                    metadata=meta, progress=progress, record_shard=record_shard)
 
@@ -147,10 +153,16 @@ def main(argv=None) -> int:
                         "'auto' (1xN on GPUs and TPUs, so AR and the blocks run the same kernels: every fixed point "
                         "equalled AR's tokens on an H100, and no TPU has run it; off on CPUs, whose decode path is "
                         "bit-invariant by construction), 'off', or e.g. 1x32 (jf_jax.decoding.shapes)")
+    p.add_argument("--mesh", type=parse_mesh,
+                   help="with --batch-size > 1: spread the batched recorder over devices, data=D,fsdp=F,tensor=T "
+                        "(rows over data x fsdp, heads, MLP units and vocabulary over tensor); unnamed axes are 1")
     p.add_argument("--no-progress", action="store_true")
     add_distributed_args(p)
     args = p.parse_args(argv)
     problems = number_problems(args)
+    if args.mesh is not None and args.batch_size == 1:
+        problems.append("--mesh spreads the batched recorder: give --batch-size > 1 with it")
+    problems += [p for p in (mesh_error(args.mesh),) if p]  # the devices against the mesh, before anything loads
     if problems:
         print(f"error: {'; '.join(problems)}", file=sys.stderr)
         return 2
@@ -189,7 +201,7 @@ def main(argv=None) -> int:
         shape = run_shape(args.decode_shape, [("ar", {}), ("jacobi", dict(block_size=args.block_size))]) \
             if args.batch_size > 1 else None
         settings = settings_from_args(args, prompts_sha256=file_sha, decode_shape=shape_label(shape),
-                                      backend=jax.default_backend())
+                                      backend=jax.default_backend(), mesh=None if args.mesh is None else str(args.mesh))
         if legacy_collection_complete(out, rows):
             print(f"nothing to collect: {out} already holds all {len(rows)} selected prompts (its manifest predates "
                   "recorded settings, so they were not compared)")
@@ -200,8 +212,13 @@ def main(argv=None) -> int:
         return 2
     start = time.perf_counter()
     try:
-        model = load_model(args.model, dtype=args.dtype)
-        manifest = run_collect(model, rows, out, block_size=args.block_size,
+        # On a mesh the weights keep the plain layout XLA can split (no CPU-kernel packing).
+        model = load_model(args.model, dtype=args.dtype, **plain_layout(args.mesh))
+        try:
+            mesh = None if args.mesh is None else build_mesh(args.mesh, model.cfg)
+        except ValueError as e:  # the model's heads do not divide the tensor axis
+            raise MeshError(str(e)) from None
+        manifest = run_collect(model, rows, out, block_size=args.block_size, mesh=mesh,
                                max_new_tokens=args.max_new_tokens, seed=args.seed,
                                repetition_filter=args.repetition_filter, prompts_per_shard=args.prompts_per_shard,
                                chat=not args.no_chat, batch_size=args.batch_size, decode_shape=args.decode_shape,
@@ -209,7 +226,7 @@ def main(argv=None) -> int:
                                              model_spec=args.model, dtype=args.dtype,
                                              batch_size=args.batch_size, settings=settings.to_json()),
                                progress=not args.no_progress)
-    except (WeightsError, TrajectoryFormatError, FileNotFoundError, PromptTooLongError) as e:  # no traceback
+    except (WeightsError, TrajectoryFormatError, FileNotFoundError, PromptTooLongError, MeshError) as e:  # one line
         print(f"error: {e}", file=sys.stderr)
         return 2
     shards = manifest["shards"]

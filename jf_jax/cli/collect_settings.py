@@ -132,6 +132,9 @@ class CollectSettings:
     # The decode path's numerics (and "auto"'s shape) differ between backends: a CPU collection resumed on a GPU
     # would hold fixed points of two arithmetics.
     backend: str = _setting("JAX backend")
+    # A tensor split reorders some sums, so a near-tie may resolve otherwise than on one device: one mesh per
+    # collection (None: one device, or the local devices splitting rows only, which changes no token).
+    mesh: str | None = _setting("--mesh")
     # The prompts are compared by content: the same file moved or named by another relative path selects the same
     # rows, while an edited file at the same path does not. The path is recorded for the reader only.
     prompts_file: str = _setting("--prompts", compared=False)
@@ -146,14 +149,14 @@ class CollectSettings:
 
 
 def settings_from_args(args: argparse.Namespace, *, prompts_sha256: str, decode_shape: str | None,
-                       backend: str) -> CollectSettings:
+                       backend: str, mesh: str | None = None) -> CollectSettings:
     """This run's settings: ``decode_shape`` is the resolved shape's label (None: natural shapes), so "auto" and the
     shape it stands for on ``backend`` are one setting."""
     return CollectSettings(
         model=model_identity(args.model), dtype=args.dtype, block_size=args.block_size,
         max_new_tokens=args.max_new_tokens, seed=args.seed, chat=not args.no_chat,
         repetition_filter=RepetitionFilter.current() if args.repetition_filter else None,
-        batch_size=args.batch_size, decode_shape=decode_shape, backend=backend,
+        batch_size=args.batch_size, decode_shape=decode_shape, backend=backend, mesh=mesh,
         prompts_file=os.path.abspath(args.prompts), prompts_sha256=prompts_sha256,
         domains=domain_list(args.domains), offset=args.offset, limit=args.limit)
 

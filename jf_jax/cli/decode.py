@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from jf_jax.cli.mesh import MeshSpec, build_mesh, mesh_error, parse_mesh
+from jf_jax.cli.mesh import MeshSpec, build_mesh, mesh_error, parse_mesh, plain_layout
 from jf_jax.cli.output_paths import file_problem
 from jf_jax.data.prompt_files import gather_prompts
 from jf_jax.decoding import stats, stats_table
@@ -266,8 +266,8 @@ def run(args) -> dict:
     environment["decode_shape"] = shape_label(shape)
     print(f"loading {args.model} ({args.dtype}) ...", file=sys.stderr)
     # On a mesh the weights keep the plain layout XLA can split (no CPU-kernel packing).
-    model = api.load_model(args.model, dtype=args.dtype, column_shards=None if args.mesh is None else 1)
-    mesh = build_mesh(args.mesh, model.cfg)
+    model = api.load_model(args.model, dtype=args.dtype, **plain_layout(args.mesh))
+    mesh = None if args.mesh is None else build_mesh(args.mesh, model.cfg)
     runs = []
     # Streamed text goes to the terminal as it arrives, so the progress bar (which redraws its line) is off.
     with tqdm(total=len(methods) * len(prompts), desc="decoding", unit="prompt", file=sys.stderr,

@@ -42,6 +42,7 @@ import time
 from jf_jax.cli.evaluate_options import (device_name, parse_methods, previous_results, prompt_set_name, read_inputs,
                                          refusal, summary_lines, write_report)
 from jf_jax.cli.evaluate_options import out_error  # noqa: F401  (evaluate's public check, moved beside the others)
+from jf_jax.cli.mesh import build_mesh, mesh_error, parse_mesh, plain_layout
 from jf_jax.cli.tune import positive_ints
 
 
@@ -80,14 +81,16 @@ def evaluate_model(spec: str, prompt_sets: dict[str, list[dict]], math_rows: lis
                    seed: int = 0, math_batch: int = 10, humaneval: list[dict] | None = None,
                    humaneval_nll: list[dict] | None = None, humaneval_max_new_tokens: int = 384,
                    dtype: str = "float32", quality_dtype: str = "float32",
-                   sampling=None, model=None, train_sets: tuple[str, ...] = (), decode_shape: str = "auto") -> dict:
+                   sampling=None, model=None, train_sets: tuple[str, ...] = (), decode_shape: str = "auto",
+                   mesh=None) -> dict:
     """Speed rows in ``dtype`` (every method against same-dtype AR: ``speedup_vs_ar`` is the ratio of tokens/s
     with the prefill, ``speedup_vs_ar_excl_prefill`` without), greedy or with ``sampling`` (a
     ``decoding.sampling.Sampling``; every method then samples AR's tokens for the seed); GSM8K and HumanEval
     accuracy of greedy AR in ``quality_dtype``. ``train_sets`` names the sets of ``prompt_sets`` the model trained
     on (recorded beside the results; the others are held out). ``humaneval`` problems are executed (pass@1),
     ``humaneval_nll`` problems scored by their canonical solutions' NLL. ``decode_shape`` ("auto", "off" or "RxW",
-    ``api.run_shape``) is the one shape every speed run pads its forwards to."""
+    ``api.run_shape``) is the one shape every speed run pads its forwards to; ``mesh`` spreads the speed runs over
+    devices (``decoding.placement``)."""
     from jf_jax.decoding.sampling import GREEDY
     from jf_jax.decoding.stats import add_speedups, match_fraction
 
@@ -107,7 +110,7 @@ def evaluate_model(spec: str, prompt_sets: dict[str, list[dict]], math_rows: lis
         for name, method, options in runs:
             per_run[name] = _speed_one(model, method, ids, max_new_tokens=max_new_tokens,
                                        options=dict(options, seed=seed, sampling=sampling or GREEDY,
-                                                    decode_shape=shape))
+                                                    decode_shape=shape, mesh=mesh))
             per_run[name]["block_size"] = options.get("block_size")
         if "ar" in per_run:
             for m in per_run.values():
@@ -307,6 +310,9 @@ def main(argv=None) -> int:
                         "GPUs and TPUs, the smallest shape covering every run, so every method gives AR's tokens; "
                         "off on CPUs, whose decode path is invariant by construction), 'off', or e.g. "
                         "4x64 (jf_jax.decoding.shapes)")
+    p.add_argument("--mesh", type=parse_mesh,
+                   help="spread the speed runs over devices: data=D,fsdp=F,tensor=T (rows over data x fsdp, heads, "
+                        "MLP units and vocabulary over tensor); unnamed axes are 1")
     p.add_argument("--out", required=True,
                    help="output path without extension: .json and .md, written after each model (the same --out "
                         "with the same settings resumes)")
@@ -314,9 +320,11 @@ def main(argv=None) -> int:
     methods = parse_methods(args.methods)
     problem = refusal(args, methods, [(method, options) for _, method, options in
                                       speed_runs(methods, args.block_size, args.num_blocks)])
+    problem = problem or mesh_error(args.mesh)  # the devices against the mesh, before anything loads
     if problem:
         return _refuse(problem)
-    run = {**vars(args), "device": device_name()}  # named in the tables, and a setting a resumed report must share
+    # the device is named in the tables, and is a setting a resumed report must share
+    run = {**vars(args), "mesh": None if args.mesh is None else str(args.mesh), "device": device_name()}
     results, problem = previous_results(args.out, run)
     if problem:
         return _refuse(problem)
@@ -333,7 +341,9 @@ def main(argv=None) -> int:
             continue
         start = time.perf_counter()
         try:
-            model = load_model(spec, dtype=args.dtype)
+            # On a mesh the weights keep the plain layout XLA can split (no CPU-kernel packing).
+            model = load_model(spec, dtype=args.dtype, **plain_layout(args.mesh))
+            mesh = None if args.mesh is None else build_mesh(args.mesh, model.cfg)
         except (ValueError, OSError) as e:  # WeightsError, ConfigError and TokenizerError are ValueErrors
             return _refuse(f"--model {spec} cannot be loaded: {e}{_kept(results, args.out)}")
         try:
@@ -345,7 +355,7 @@ def main(argv=None) -> int:
                                  humaneval=humaneval, humaneval_nll=humaneval_nll,
                                  humaneval_max_new_tokens=args.humaneval_max_new_tokens, model=model,
                                  train_sets=tuple(map(prompt_set_name, args.train_prompts)),
-                                 decode_shape=args.decode_shape)
+                                 decode_shape=args.decode_shape, mesh=mesh)
         except GenerationError as e:  # e.g. a prompt too long for this model's context
             return _refuse(f"--model {spec}: {e}{_kept(results, args.out)}")
         res["seconds"] = time.perf_counter() - start

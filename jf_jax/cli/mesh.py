@@ -65,3 +65,9 @@ def build_mesh(spec: MeshSpec | None, cfg=None):
     if problem:
         raise ValueError(f"--mesh {spec}: {problem}")
     return make_mesh(spec.data, spec.fsdp, tensor=spec.tensor)
+
+
+def plain_layout(spec: MeshSpec | None) -> dict:
+    """``api.load_model``'s options for a run on ``spec``: on a mesh, the weights in the plain layout XLA can split
+    (one column shard, no CPU-kernel packing); nothing without one."""
+    return {} if spec is None else {"column_shards": 1}

@@ -119,7 +119,7 @@ class BlockResume(JacobiDecoder):
 def record_batch(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, block_size: int,
                  max_new_tokens: int, eos_ids: Sequence[int] = (), seed: int = 0,
                  prompt_indices: Sequence[int] | None = None, batch_size: int = 8,
-                 decode_shape: DecodeShape | None = None) -> list[ResponseTrajectories]:
+                 decode_shape: DecodeShape | None = None, mesh=None) -> list[ResponseTrajectories]:
     """``record_trajectories`` of many prompts at once: the same blocks, computed as rows of batched programs.
 
     Prompts are taken ``batch_size`` at a time (shortest first, so a batch's prompts share a length bucket); per
@@ -128,13 +128,14 @@ def record_batch(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, 
     (default: i), as ``record_trajectories`` with ``prompt_index`` does, so every block's trajectory is the
     sequential recorder's, whatever the batching. ``decode_shape`` pads AR's and the blocks' forwards to one shape
     (``decoding.shapes``; what GPUs and TPUs need). With several local devices each batch's rows are split over
-    them (``batch_size`` is rounded up to a multiple of the device count).
+    them (``batch_size`` is rounded up to a multiple of the device count); a ``mesh`` (``model.sharding``) splits
+    rows over its batch axes and the weights over ``tensor`` instead (``decoding.placement``).
     """
     n = check_int("block_size", block_size, 1, MAX_BLOCK_SIZE)
     whole_blocks = -(-check_int("max_new_tokens", max_new_tokens, 1, cfg.max_position_embeddings) // n) * n
     if decode_shape is not None:
         decode_shape.check_covers("the trajectory recorder", 1, n)
-    mesh = local_rows_mesh()
+    mesh = local_rows_mesh() if mesh is None else mesh
     # no more rows than prompts (rounded up to fill the devices): a CPU forward costs in proportion to its rows
     rows = min(check_int("batch_size", batch_size, 1, MAX_BATCH_SIZE), max(len(prompts), 1))
     batch_size = -(-rows // rows_multiple(mesh)) * rows_multiple(mesh)
