@@ -11,6 +11,10 @@
   (``tensorboard --logdir RUN_DIR/tensorboard``) are redrawn from it.
 * A non-finite loss stops the run with ``NonFiniteLossError`` before anything of that step is saved: the
   newest checkpoint stays the last good one.
+* The ``mesh`` section decides where the state lives, not what is computed: a run may resume on another mesh (the
+  checkpoint is resharded onto it by the restore) and continues the same loss curve, to float rounding (reductions
+  partitioned over other devices round differently). Every start or resume appends the step it began at and the
+  mesh it ran on to ``mesh_history.jsonl`` in the run dir; ``config.yaml`` holds the newest mesh.
 * Sequences longer than the largest length bucket are left out; their number is printed when training starts
   (``TrainResult.num_dropped``), and a run where they would be more than ``data.max_dropped_share`` of the data
   stops with ``DroppedSequencesError`` before anything is trained.
@@ -202,10 +206,16 @@ def teacher_params(tcfg: TrainConfig, cfg: ModelConfig, initial: dict) -> dict:
 
 NOT_COMPARED = (("data", "max_dropped_share"),)
 """Config keys that do not change what a run computes: a run resumes with other values of them."""
+NOT_COMPARED_SECTIONS = ("mesh",)
+"""Config sections that do not change what a run computes: ``mesh`` places the state and the batches on devices,
+and a checkpoint written on one mesh is resharded onto another by the restore."""
+MESH_HISTORY_FILE = "mesh_history.jsonl"
+"""In the run dir: one line per start or resume of the run, ``{"step": s, "mesh": {...}, "devices": n}``, the step it
+began at (its checkpoint, 0 for a new run) and the mesh it ran on."""
 
 
 def _compared(config: dict) -> dict:
-    config = {k: dict(v) if isinstance(v, dict) else v for k, v in config.items()}
+    config = {k: dict(v) if isinstance(v, dict) else v for k, v in config.items() if k not in NOT_COMPARED_SECTIONS}
     for section, key in NOT_COMPARED:
         if isinstance(config.get(section), dict):
             config[section].pop(key, None)
@@ -214,7 +224,8 @@ def _compared(config: dict) -> dict:
 
 def _check_config(tcfg: TrainConfig, run_dir: str) -> bool:
     """Refuses to resume the run in ``run_dir`` with a config that computes something else; returns whether the
-    snapshot is still to be written (a new run, or one resumed with other values of ``NOT_COMPARED`` keys)."""
+    snapshot is still to be written (a new run, or one resumed with other values of ``NOT_COMPARED`` keys or of
+    the ``NOT_COMPARED_SECTIONS``, e.g. on another mesh)."""
     path = os.path.join(run_dir, rd.CONFIG_FILE)
     current = tcfg.to_dict()
     if not os.path.exists(path):
@@ -236,6 +247,32 @@ def _write_config(tcfg: TrainConfig, run_dir: str) -> None:
     with open(path + ".tmp", "w") as f:
         yaml.safe_dump(tcfg.to_dict(), f, sort_keys=False)
     os.replace(path + ".tmp", path)  # never half a snapshot: a run killed here resumes or restarts cleanly
+
+
+def _record_mesh(run_dir: str, tcfg: TrainConfig, mesh, start: int) -> None:
+    """Appends the mesh this start or resume runs on to the run's mesh history, and says so when it is not the mesh
+    of the segment before. A last line cut short by a kill is dropped first (as in metrics.jsonl)."""
+    path = os.path.join(run_dir, MESH_HISTORY_FILE)
+    shape = {axis: int(size) for axis, size in mesh.shape.items()}
+    lines: list[bytes] = []
+    if os.path.exists(path):
+        with open(path, "rb") as f:
+            *lines, partial = f.read().split(b"\n")
+        lines = [line for line in lines if line.strip()]
+        if partial.strip():
+            with open(path + ".tmp", "wb") as f:
+                f.writelines(line + b"\n" for line in lines)
+            os.replace(path + ".tmp", path)
+    previous = json.loads(lines[-1])["mesh"] if lines else None
+    if previous is not None and previous != shape:
+        print(f"{tcfg.run_name}: resuming at step {start} on mesh {_mesh_text(shape)} (the run was on "
+              f"{_mesh_text(previous)}): the checkpoint is resharded onto it", flush=True)
+    with open(path, "ab", buffering=0) as f:
+        _append_metrics(f, {"step": start, "mesh": shape, "devices": int(mesh.devices.size)})
+
+
+def _mesh_text(shape: dict) -> str:
+    return " x ".join(f"{axis}={size}" for axis, size in shape.items())
 
 
 def _truncate_metrics(path: str, last_step: int) -> None:
@@ -376,6 +413,7 @@ def run_training(tcfg: TrainConfig, run_dir: str, *, progress: bool = True, stop
         start = int(state.step)
         if primary:
             _truncate_metrics(metrics_path, start)
+            _record_mesh(run_dir, tcfg, mesh, start)
         end = total if stop_at_step is None else min(total, stop_at_step)
         bar = tqdm(total=total, initial=start, desc=tcfg.run_name, unit="step", disable=not (progress and primary))
         started = time.monotonic()
