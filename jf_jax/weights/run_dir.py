@@ -10,6 +10,7 @@
     RUN_DIR/checkpoints/<step>/  orbax CheckpointManager steps: the whole TrainState (step, params, opt_state)
     RUN_DIR/params/              orbax StandardSave of the final parameters (the ``jf_jax.model.params`` tree)
     RUN_DIR/trajectories/        trajectories collected by the run itself (synthetic data source only)
+    RUN_DIR/mesh_history.jsonl   one line per start or resume: the checkpoint step and the device mesh it ran on
     RUN_DIR/base_model.json      {"spec": ...}: the ``jf_jax.weights.load`` spec of the pretrained model the run
                                  started from (directly, or through the run it continued); its tokenizer is the
                                  run's tokenizer. Absent for runs from random init.
