@@ -38,7 +38,7 @@ def test_two_processes_train_like_one_device():
         assert code == 0, out + err[-3000:]
     report = json.loads(outputs[0][1].strip().splitlines()[-1])
     assert (report["process_count"], report["global_devices"], report["local_devices"]) == (2, 8, 4)
-    assert report["mesh"] == {"data": 2, "fsdp": 4} and report["mesh_processes"] == [0, 1]
+    assert report["mesh"] == {"data": 2, "fsdp": 4, "tensor": 1} and report["mesh_processes"] == [0, 1]
     assert report["params_sharded"]
     # as tests/test_train.py's 8-device check: float rounding only (a lost shard or reduction moves params by ~lr)
     assert report["max_param_diff"] < 1e-4, report
