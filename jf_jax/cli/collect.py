@@ -53,6 +53,15 @@ def process_share(out: str, rows: list[dict]) -> tuple[str, list[dict]]:
     return process_dir(out, index, count), rows[index::count]
 
 
+def process_prompt_index():
+    """The map from this process's example ids to indices in the whole selection (``process_share``: example i of
+    process I of N is prompt I + i N), or None with one process."""
+    import jax
+
+    count, index = jax.process_count(), jax.process_index()
+    return None if count == 1 else (lambda i: index + i * count)
+
+
 class PromptTooLongError(ValueError):
     """A prompt plus the response collected for it does not fit the model's context."""
 
@@ -75,18 +84,21 @@ class MeshError(ValueError):
 
 
 def make_record_shard(params, cfg, *, block_size: int, max_new_tokens: int, eos_ids, seed: int, batch_size: int = 1,
-                      decode_shape=None, mesh=None):
+                      decode_shape=None, mesh=None, prompt_index=None):
     """``record_shard(example_ids, prompts)`` for ``training.trajectories.collect``: prompt ``example_id`` draws its
     drafts from ``prompt_key(seed, example_id)``, so a response's trajectories do not depend on the shard or the
     batch. ``batch_size`` 1 records one prompt at a time through the Python driver (``record_trajectories``);
     larger sizes use the batched recorder (``record_batch``: the same trajectories, as rows of batched programs, its
-    forwards padded to ``decode_shape`` when one is given)."""
+    forwards padded to ``decode_shape`` when one is given). ``prompt_index`` maps a shard's example id to the
+    prompt's index in the whole selection (a process's share of a multi-process collection), which keys its
+    drafts, so the union of the processes' parts is the one-process collection."""
     from jf_jax.decoding.batch_recording import record_batch
     from jf_jax.decoding.recording import record_trajectories
 
     options = dict(block_size=block_size, max_new_tokens=max_new_tokens, eos_ids=eos_ids, seed=seed)
 
     def record_shard(example_ids, prompts):
+        example_ids = [i if prompt_index is None else prompt_index(i) for i in example_ids]
         if batch_size == 1:
             return [record_trajectories(params, cfg, p, prompt_index=i, **options)
                     for i, p in zip(example_ids, prompts)]
@@ -117,7 +129,8 @@ def run_collect(model, rows: list[dict], out: str, *, block_size: int, max_new_t
                 seed=seed, chat=chat, repetition_filter=repetition_filter, eos_ids=list(eos),
                 prompt_ids=[r.get("id") for r in rows], decode_shape=shape_label(shape), **(metadata or {}))
     record_shard = make_record_shard(model.params, model.cfg, block_size=block_size, max_new_tokens=max_new_tokens,
-                                     eos_ids=eos, seed=seed, batch_size=batch_size, decode_shape=shape, mesh=mesh)
+                                     eos_ids=eos, seed=seed, batch_size=batch_size, decode_shape=shape, mesh=mesh,
+                                     prompt_index=process_prompt_index())
     return collect(prompts, None, out, block_size=block_size, prompts_per_shard=prompts_per_shard, keep_fn=keep,
                    metadata=meta, progress=progress, record_shard=record_shard)
 

@@ -1,0 +1,71 @@
+"""A multi-process collection (``jf-jax collect --coordinator ...``): two localhost processes each take every other
+prompt and write their own resumable part under one --out; the union of the parts is the one-process collection of
+the same prompts, record for record (drafts are keyed by a prompt's index in the whole selection), and training
+reads the parts unchanged."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.slow  # three JAX processes start and compile the recorder (~1 min)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def _records(out: str) -> dict:
+    """Every record of every part under ``out``, keyed by (prompt tokens of block 0, block index)."""
+    from jf_jax.training.trajectories import iter_records, trajectory_dirs
+
+    by_example = {}
+    for directory in trajectory_dirs(out):
+        for rec in iter_records(directory):
+            by_example.setdefault((directory, rec.example_id), []).append(rec)
+    table = {}
+    for recs in by_example.values():
+        prompt = tuple(next(r for r in recs if r.block_index == 0).prompt_ids.tolist())
+        for r in recs:
+            table[(prompt, r.block_index)] = r.states
+    return table
+
+
+def test_two_processes_collect_what_one_process_collects(tmp_path, tiny_gguf):
+    from jf_jax.training.trajectories import trajectory_dirs
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"Say {word}."}) + "\n"
+                               for i, word in enumerate(["one", "two", "three", "four", "five"])))
+    collect = [sys.executable, "-m", "jf_jax.collect", "--model", str(tiny_gguf), "--prompts", str(prompts),
+               "--block-size", "4", "--max-new-tokens", "8", "--prompts-per-shard", "2", "--no-progress"]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu",
+           "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+    one = subprocess.run(collect + ["--out", str(tmp_path / "one")], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert one.returncode == 0, one.stdout + one.stderr[-3000:]
+    port = _free_port()
+    procs = [subprocess.Popen(collect + ["--out", str(tmp_path / "two"), "--coordinator", f"localhost:{port}",
+                                         "--num-processes", "2", "--process-id", str(i), "--cpu-collectives", "gloo"],
+                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    try:
+        results = [p.communicate(timeout=600) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for i, (p, (out, err)) in enumerate(zip(procs, results)):
+        assert p.returncode == 0, f"process {i}: " + out + err[-3000:] + f"\nthe other: {results[1 - i][1][-2000:]}"
+    parts = trajectory_dirs(str(tmp_path / "two"))
+    assert [os.path.basename(d) for d in parts] == ["process-000-of-002", "process-001-of-002"]
+    single, union = _records(str(tmp_path / "one")), _records(str(tmp_path / "two"))
+    assert single.keys() == union.keys() and len({prompt for prompt, _ in single}) == 5
+    for key, states in single.items():
+        np.testing.assert_array_equal(union[key], states)  # the drafts too, not only the fixed points
