@@ -144,3 +144,17 @@ def test_the_repository_index_is_up_to_date():
     """docs/results.md (and README's table, if it has the markers) match results/: run
     `python -m jf_jax.cli.results` after changing a run folder."""
     assert main(["--root", str(ROOT), "--check"]) == 0
+
+
+def test_no_bit_claims_for_accelerators_in_the_docs():
+    """On GPUs only tokens were compared and no TPU ever ran: README and docs/ must not claim bit equality there
+    (a line naming an accelerator and a bit claim must also say 'not')."""
+    import re
+
+    claim = re.compile(r"bit[- ]?(equal|exact|for bit|identical)|same bits", re.IGNORECASE)
+    device = re.compile(r"GPU|TPU|H100|H200|A100|B200")
+    found = [f"{path.relative_to(ROOT)}:{n}: {line.strip()[:120]}"
+             for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+             for n, line in enumerate(path.read_text().splitlines(), 1)
+             if claim.search(line) and device.search(line) and not re.search(r"\bnot\b", line, re.IGNORECASE)]
+    assert not found, "\n".join(found)
