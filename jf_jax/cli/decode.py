@@ -41,8 +41,8 @@ TUNE_GRID_OPTIONS = ("num_blocks", "spawn_ratio", "seed")
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="jf-jax decode", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m",
-                   help="smollm2-135m (embedded default), a Hugging Face directory, a .gguf file, "
-                   "or a training run directory")
+                   help="smollm2-135m (embedded default), qwen2.5-coder-0.5b (after scripts/install.sh --qwen), a "
+                   "Hugging Face directory, a .gguf file, or a training run directory")
     p.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
     p.add_argument("--prompts", type=Path, help=".jsonl file with a 'prompt' field per line, or .txt, one per line")
     p.add_argument("--methods", help=f"comma list of decoding methods, e.g. ar,jacobi,mr (default "

