@@ -109,4 +109,6 @@ def test_sharding_rules_map_logical_axes_through_flax():
     rules = ShardingRules(rules=(("embed", "fsdp"), ("mlp", "fsdp"), ("vocab", "data")))
     assert rules.spec(("layers", "embed", "mlp"), (2, 8, 16), mesh) == P(None, "fsdp", None)  # first claim wins
     assert rules.spec(("vocab", "embed"), (10, 8), mesh) == P("data", "fsdp")
-    assert ShardingRules().spec(("layers", "q_heads"), (2, 4), mesh) == P(None, None)  # unlisted: replicated
+    unlisted = ShardingRules(rules=(("embed", "fsdp"),))
+    assert unlisted.spec(("layers", "q_heads"), (2, 4), mesh) == P(None, None)  # unlisted: replicated
+    assert ShardingRules().spec(("layers", "q_heads"), (2, 4), mesh) == P(None, "tensor")  # the default rules
