@@ -21,6 +21,7 @@ RANKS = {
     # the entry modules: python -m jf_jax[.COMMAND]
     "jf_jax.__main__": 7, "jf_jax.decode": 7, "jf_jax.prompts": 7, "jf_jax.collect": 7, "jf_jax.train": 7,
     "jf_jax.evaluate": 7, "jf_jax.doctor": 7, "jf_jax.export": 7, "jf_jax.tune": 7, "jf_jax.results": 7,
+    "jf_jax.plan": 7,
 }
 PACKAGES = ("jf_jax", "pallas_kernels", "cpu_kernels")
 

@@ -15,6 +15,7 @@ COMMANDS = {
     "train": ("jf_jax.cli.train", "train a Jacobi Forcing model from a YAML config (resumable)"),
     "evaluate": ("jf_jax.cli.evaluate", "speed (TPF, x AR) and quality of models on held-out prompts"),
     "export": ("jf_jax.cli.export", "write any model jf-jax loads as a Hugging Face directory"),
+    "plan": ("jf_jax.cli.plan", "before renting accelerators: does a run fit, what it costs (compiled, no weights)"),
     "tune": ("jf_jax.cli.tune", "measure this machine and choose block size and verification rows"),
     "doctor": ("jf_jax.cli.doctor", "what this machine gives jf-jax: backend, CPU features, kernels, dtype paths"),
     "results": ("jf_jax.cli.results", "regenerate docs/results.md (and README's results table) from results/<run>/"),

@@ -268,3 +268,31 @@ QWEN2P5_7B_HF_CONFIG = {
     "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "tie_word_embeddings": False,
     "hidden_act": "silu",
 }
+# More published shapes, for ``jf-jax plan`` (which compiles at a model's shapes without its weights): the values
+# of each model's published config.json (Qwen/Qwen2.5-Coder-7B-Instruct, Qwen/Qwen3-8B, meta-llama/Llama-3.1-8B,
+# Qwen/Qwen2.5-0.5B on the Hugging Face hub), the keys ``from_hf_config`` reads.
+QWEN2P5_CODER_7B_HF_CONFIG = dict(QWEN2P5_7B_HF_CONFIG)  # the coder model has the base model's shapes
+QWEN3_8B_HF_CONFIG = {
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 4096,
+    "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "head_dim": 128, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 40960,
+    "attention_bias": False, "tie_word_embeddings": False, "hidden_act": "silu",
+}
+LLAMA3P1_8B_HF_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256, "hidden_size": 4096,
+    "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 131072, "attention_bias": False,
+    "mlp_bias": False, "tie_word_embeddings": False, "hidden_act": "silu",
+    "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+}
+QWEN2P5_0P5B_HF_CONFIG = {
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 151936, "hidden_size": 896,
+    "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+    "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "tie_word_embeddings": True,
+    "hidden_act": "silu",
+}
+PUBLISHED_SHAPES = {"qwen2.5-7b": QWEN2P5_7B_HF_CONFIG, "qwen2.5-coder-7b": QWEN2P5_CODER_7B_HF_CONFIG,
+                    "qwen3-8b": QWEN3_8B_HF_CONFIG, "llama-3.1-8b": LLAMA3P1_8B_HF_CONFIG,
+                    "qwen2.5-0.5b": QWEN2P5_0P5B_HF_CONFIG}
+"""Model name -> its published Hugging Face config (shapes only: no weights ship with these)."""

@@ -27,13 +27,17 @@ from jf_jax.model.config import ModelConfig
 
 @dataclasses.dataclass(frozen=True)
 class Device:
-    """A device of the analytic model: HBM bandwidth and dense bf16 tensor peak (vendor datasheet figures)."""
+    """A device of the analytic model: HBM bandwidth and dense bf16 tensor peak (vendor datasheet figures); the
+    accelerators of ``TARGETS`` also carry their HBM capacity and chip-to-chip link rate (``jf_jax.tuning.plan``)."""
 
     name: str
     bandwidth: float  # bytes / s
     peak_flops: float  # FLOP / s, dense bfloat16
     overhead_s: float = 0.0  # fixed cost per forward (kernel launches, host), seconds
     dtype: str = "bfloat16"  # weight / KV dtype the device runs the model in
+    hbm_bytes: float = 0.0  # memory per chip, bytes (0: unknown)
+    link_bandwidth: float = 0.0  # chip-to-chip, one direction, bytes / s (0: unknown)
+    source: str = ""  # where the figures come from
 
     @property
     def ridge(self) -> float:
@@ -45,14 +49,40 @@ class Device:
 # model without CUDA graphs; an assumption, not a measurement (recorded in the tuner's JSON).
 GPU_OVERHEAD_S = 1e-4
 
+GIB = 2**30
+NVIDIA_GB = GIB
+"""NVIDIA's "GB" of HBM are binary: an H200 sold as 141 GB reports 143,771 MiB = 140.4 GiB
+(results/studies/gpu_h200_7b/nvidia_smi.txt), an 80 GB H100 81,559 MiB."""
+
 GPUS: dict[str, Device] = {
-    # Datasheet figures: A100-80GB 2.0 TB/s (SXM: 2.039), ridge ~150; H100 SXM 3.35 TB/s, ridge ~295;
-    # H200 4.8 TB/s, ridge ~206; B200 8.0 TB/s, ridge ~281.
-    "A100": Device("A100", bandwidth=2.039e12, peak_flops=312e12, overhead_s=GPU_OVERHEAD_S),
-    "H100": Device("H100", bandwidth=3.35e12, peak_flops=989e12, overhead_s=GPU_OVERHEAD_S),
-    "H200": Device("H200", bandwidth=4.8e12, peak_flops=989e12, overhead_s=GPU_OVERHEAD_S),
-    "B200": Device("B200", bandwidth=8.0e12, peak_flops=2250e12, overhead_s=GPU_OVERHEAD_S),
+    # Datasheet figures (dense bf16: the sheets' "with sparsity" numbers halved; NVLink: the sheets' per-GPU total
+    # of both directions, halved): A100-80GB SXM 2.039 TB/s, 312 TFLOP/s, NVLink 600 GB/s, ridge ~150;
+    # H100 SXM 3.35 TB/s, 989, NVLink 900, ridge ~295; H200 SXM 4.8 TB/s, 989, NVLink 900, ridge ~206;
+    # B200 (HGX B200: 1,440 GB and 64 TB/s over 8 GPUs, 36 PFLOP/s sparse bf16) 8.0 TB/s, 2,250, NVLink 1.8 TB/s.
+    "A100": Device("A100", bandwidth=2.039e12, peak_flops=312e12, overhead_s=GPU_OVERHEAD_S, hbm_bytes=80 * NVIDIA_GB,
+                   link_bandwidth=300e9, source="NVIDIA A100 Tensor Core GPU datasheet (80GB SXM)"),
+    "H100": Device("H100", bandwidth=3.35e12, peak_flops=989e12, overhead_s=GPU_OVERHEAD_S, hbm_bytes=80 * NVIDIA_GB,
+                   link_bandwidth=450e9, source="NVIDIA H100 Tensor Core GPU datasheet (H100 SXM)"),
+    "H200": Device("H200", bandwidth=4.8e12, peak_flops=989e12, overhead_s=GPU_OVERHEAD_S, hbm_bytes=141 * NVIDIA_GB,
+                   link_bandwidth=450e9, source="NVIDIA H200 Tensor Core GPU datasheet (H200 SXM)"),
+    "B200": Device("B200", bandwidth=8.0e12, peak_flops=2250e12, overhead_s=GPU_OVERHEAD_S,
+                   hbm_bytes=180 * NVIDIA_GB, link_bandwidth=900e9, source="NVIDIA HGX B200 datasheet, per GPU"),
 }
+
+TPUS: dict[str, Device] = {
+    # Google Cloud TPU documentation, per chip ("System architecture" pages of v5e, v5p, v6e): HBM in GiB, HBM
+    # bandwidth, peak bf16 compute, and the interchip interconnect (ICI) rate in Gbps, halved for one direction.
+    "v5e": Device("TPU v5e", bandwidth=819e9, peak_flops=197e12, hbm_bytes=16 * GIB, link_bandwidth=1600e9 / 8 / 2,
+                  source="cloud.google.com/tpu/docs/v5e: 197 TFLOP/s bf16, 16 GiB HBM2, 819 GB/s, ICI 1,600 Gbps"),
+    "v5p": Device("TPU v5p", bandwidth=2765e9, peak_flops=459e12, hbm_bytes=95 * GIB, link_bandwidth=4800e9 / 8 / 2,
+                  source="cloud.google.com/tpu/docs/v5p: 459 TFLOP/s bf16, 95 GiB HBM2e, 2,765 GB/s, ICI 4,800 Gbps"),
+    "v6e": Device("TPU v6e", bandwidth=1640e9, peak_flops=918e12, hbm_bytes=32 * GIB, link_bandwidth=3584e9 / 8 / 2,
+                  source="cloud.google.com/tpu/docs/v6e: 918 TFLOP/s bf16, 32 GiB HBM, 1,640 GB/s, ICI 3,584 Gbps"),
+}
+
+TARGETS: dict[str, Device] = {**TPUS, "a100-80gb": GPUS["A100"], "h100": GPUS["H100"], "h200": GPUS["H200"],
+                              "b200": GPUS["B200"]}
+"""The accelerators ``jf-jax plan --target`` knows, by the name it takes."""
 
 # A rough figure for 2-core x86 dev machines, float32 (used for the "nominal" CPU roofline line only; the
 # tuner uses the measured curve for the CPU).
