@@ -108,3 +108,16 @@ def batch_shardings(batch_like, mesh: Mesh, rules: ShardingRules):
 
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
+
+
+def constrain_rows(x):
+    """``x`` [rows, ...] kept split by rows over the batch axes of the mesh the program is traced under
+    (``jax.set_mesh``, as the train step does); unchanged outside one. Without it XLA's partitioner may follow the
+    fsdp-split hidden axis of the weights into the activations and all-reduce whole batches of them, where FSDP
+    means gathering each layer's weights instead."""
+    mesh = jax.sharding.get_abstract_mesh()
+    axes = tuple(a for a in BATCH_AXES if a in (mesh.axis_names or ()))
+    if not axes or math.prod(mesh.shape[a] for a in axes) == 1 or x.shape[0] % math.prod(mesh.shape[a] for a in axes):
+        return x
+    return jax.lax.with_sharding_constraint(x, P(axes, *([None] * (x.ndim - 1))))
+

@@ -30,6 +30,7 @@ from jf_jax.model.token_meta import causal_meta
 from jf_jax.model.weight_matmul import DotRows, matmul, this_machine_dot_rows
 from jf_jax.model.params import Params
 from jf_jax.model.rope import rope, rope_tables
+from jf_jax.model.sharding import constrain_rows
 from pallas_kernels.mask import MASK_NOISE_CONDITIONED, TokenMeta
 
 
@@ -160,7 +161,7 @@ def _scan_layers(layers: dict, remat: bool, body, x, cache: KVCache | None):
     is its body's cache of one layer."""
     def step(x, per_layer):
         layer, kv = per_layer
-        x, new_kv, _ = body(x, (layer, None if kv is None else (kv[0][None], kv[1][None], 0)))
+        x, new_kv, _ = body(constrain_rows(x), (layer, None if kv is None else (kv[0][None], kv[1][None], 0)))
         return x, new_kv
 
     step = jax.checkpoint(step) if remat else step

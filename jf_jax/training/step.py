@@ -97,13 +97,18 @@ def make_train_step(cfg: ModelConfig, lcfg: LossConfig, ocfg: OptimConfig, total
     jitted = jax.jit(_jit_step, static_argnums=(3, 4, 5, 6), in_shardings=(state_sharding, batch_sh, ref_sh),
                      out_shardings=(state_sharding, replicated(mesh)), donate_argnums=0)
 
+    # Traced under the mesh, so the model keeps activations split by rows (``sharding.constrain_rows``).
     def step(state, batch):
-        return jitted(state, batch, reference, cfg, lcfg, ocfg, total_steps)
+        with jax.set_mesh(mesh):
+            return jitted(state, batch, reference, cfg, lcfg, ocfg, total_steps)
 
     # Ahead-of-time lowering of the same program (the state, batch and reference may be ShapeDtypeStructs): what
     # its compiled ``memory_analysis()`` says a step needs is known before any array is allocated.
-    step.lower = lambda state, batch, reference=reference: jitted.lower(state, batch, reference, cfg, lcfg, ocfg,
-                                                                         total_steps)
+    def lower(state, batch, reference=reference):
+        with jax.set_mesh(mesh):
+            return jitted.lower(state, batch, reference, cfg, lcfg, ocfg, total_steps)
+
+    step.lower = lower
     return step
 
 
