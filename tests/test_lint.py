@@ -17,11 +17,12 @@ RANKS = {
     "jf_jax.decoding": 3, "jf_jax.training": 3,
     "jf_jax.tuning": 4,
     "jf_jax.api": 5, "jf_jax.flax": 5, "jf_jax": 5,  # the package's __init__ re-exports the api
-    "jf_jax.cli": 6,
+    "jf_jax.cli": 6, "jf_jax.serving": 6,  # the server engine: beside the cli, over the api and the decoders
     # the entry modules: python -m jf_jax[.COMMAND]
     "jf_jax.__main__": 7, "jf_jax.decode": 7, "jf_jax.prompts": 7, "jf_jax.collect": 7, "jf_jax.train": 7,
     "jf_jax.evaluate": 7, "jf_jax.doctor": 7, "jf_jax.export": 7, "jf_jax.tune": 7, "jf_jax.results": 7,
     "jf_jax.plan": 7,
+    "jf_jax.serve": 7,
 }
 PACKAGES = ("jf_jax", "pallas_kernels", "cpu_kernels")
 

@@ -17,6 +17,7 @@ COMMANDS = {
     "export": ("jf_jax.cli.export", "write any model jf-jax loads as a Hugging Face directory"),
     "plan": ("jf_jax.cli.plan", "before renting accelerators: does a run fit, what it costs (compiled, no weights)"),
     "tune": ("jf_jax.cli.tune", "measure this machine and choose block size and verification rows"),
+    "serve": ("jf_jax.serving.command", "an OpenAI-compatible server: continuous batching, lossless Jacobi inside"),
     "doctor": ("jf_jax.cli.doctor", "what this machine gives jf-jax: backend, CPU features, kernels, dtype paths"),
     "results": ("jf_jax.cli.results", "regenerate docs/results.md (and README's results table) from results/<run>/"),
 }

@@ -1,0 +1,144 @@
+"""``jf-jax serve`` (``python -m jf_jax.serve``): load a model, start the engine, serve OpenAI's API over HTTP.
+
+The model loads first; then the server listens at once and the engine compiles its programs in its own thread
+(``GET /health`` answers 503 until it can serve, 200 after). docs/serving.md has the endpoints and the guarantee.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+
+from jf_jax.decoding.common import GenerationError
+from jf_jax.decoding.sampling import Sampling
+from jf_jax.serving.batch import SERVED_METHODS, BatchConfig
+from jf_jax.serving.engine import Engine, EngineConfig
+from jf_jax.serving.protocol import Served
+
+log = logging.getLogger("jf_jax.serve")
+
+
+def sampling_list(text: str) -> tuple[Sampling, ...]:
+    """argparse type: comma list of TEMPERATURE or TEMPERATURE:TOP_P, e.g. "0.7,1:0.9"."""
+    out = []
+    try:
+        for item in filter(None, (x.strip() for x in text.split(","))):
+            temperature, _, top_p = item.partition(":")
+            out.append(Sampling(temperature=float(temperature), top_p=float(top_p) if top_p else 1.0))
+    except (ValueError, GenerationError) as e:
+        raise argparse.ArgumentTypeError(f"expected TEMPERATURE[:TOP_P],... got {text!r}: {e}") from None
+    return tuple(out)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    defaults = BatchConfig()
+    p = argparse.ArgumentParser(prog="jf-jax serve", description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="smollm2-135m",
+                   help="smollm2-135m (embedded default), a Hugging Face directory, a .gguf file or a run directory")
+    p.add_argument("--served-model-name", help="the model id clients send and /v1/models lists (default: the "
+                   "--model name, or a path's file name without .gguf)")
+    p.add_argument("--method", choices=SERVED_METHODS, default=defaults.method,
+                   help="how the batch decodes (every method gives AR's tokens; default %(default)s)")
+    p.add_argument("--block-size", type=int, default=defaults.block_size, help="jacobi / mr block size")
+    p.add_argument("--num-blocks", type=int, default=defaults.num_blocks, help="mr: blocks in flight")
+    p.add_argument("--spawn-ratio", type=float, default=defaults.spawn_ratio, help="mr: spawn threshold")
+    p.add_argument("--pool-size", type=int, default=defaults.pool_size, help="mr: rejection-recycling rows")
+    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+                   help="auto: the fastest dtype shown lossless on this machine (python -m jf_jax.doctor)")
+    p.add_argument("--max-batch", type=int, default=defaults.max_batch, help="rows decoded together (slots)")
+    p.add_argument("--max-context", type=int, default=defaults.max_context,
+                   help="prompt + generated tokens per request (capped at the model's context)")
+    p.add_argument("--min-prompt-bucket", type=int, default=defaults.min_prompt_bucket,
+                   help="narrowest prefill width: prompts are padded to a power-of-two multiple of it up to the "
+                        "context, one compiled prefill per width (default %(default)s)")
+    p.add_argument("--max-queue", type=int, default=EngineConfig.max_queue,
+                   help="requests waiting for a slot before 429")
+    p.add_argument("--sampling", type=sampling_list, default=(),
+                   help="sampling settings to compile at warm-up beside greedy, e.g. 0.7,1:0.95 (others compile on "
+                        "first use, in the background)")
+    p.add_argument("--max-sampling", type=int, default=EngineConfig.max_sampling,
+                   help="distinct (temperature, top_p) settings the server compiles, greedy included")
+    p.add_argument("--decode-shape", default=defaults.decode_shape, help="auto, off or ROWSxWIDTH (jf-jax decode)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    return p
+
+
+def model_name(spec: str) -> str:
+    base = os.path.basename(spec.rstrip("/"))
+    return base[: -len(".gguf")] if base.endswith(".gguf") else base
+
+
+def served_for(model, spec: str, name: str | None, engine: Engine) -> Served:
+    tok = model.tokenizer
+    render = (lambda messages: tok.apply_chat_template(messages, add_generation_prompt=True)
+              ) if tok.chat_template else None
+    batch = engine.config.batch
+    return Served(model=name or model_name(spec), aliases=(spec,), method=batch.method, block_size=batch.block,
+                  max_context=engine.layout.max_context, vocab_size=model.cfg.vocab_size, encode=tok.encode,
+                  render_chat=render)
+
+
+def engine_config(args) -> EngineConfig:
+    batch = BatchConfig(method=args.method, block_size=args.block_size, max_batch=args.max_batch,
+                        max_context=args.max_context, num_blocks=args.num_blocks, spawn_ratio=args.spawn_ratio,
+                        pool_size=args.pool_size, decode_shape=args.decode_shape,
+                        min_prompt_bucket=args.min_prompt_bucket)
+    if args.max_queue < 0 or args.max_sampling < 1 + len(set(args.sampling)):
+        raise GenerationError("--max-queue must be >= 0 and --max-sampling must count greedy and every --sampling")
+    return EngineConfig(batch=batch, max_queue=args.max_queue, max_sampling=args.max_sampling,
+                        warm_sampling=tuple(dict.fromkeys(s for s in args.sampling if not s.is_greedy)))
+
+
+def build(model, spec: str, config: EngineConfig, name: str | None = None):
+    """(engine, app) for a loaded model; the engine is started (it warms up in its thread)."""
+    from jf_jax.serving.app import create_app  # deferred: starlette is only needed to serve
+
+    engine = Engine(model, config).start()
+    return engine, create_app(engine, served_for(model, spec, name, engine))
+
+
+def report_when_ready(engine: Engine, started: float, server) -> None:
+    """Logs the end of warm-up; a failed warm-up stops the server (the process exits with status 1)."""
+    while not engine.ready.wait(0.5):
+        if engine.failure:
+            log.error("%s", engine.failure)
+            server.should_exit = True
+            return
+    total, _ = engine.metrics.compiled()
+    log.info("ready after %.1f s: %d programs compiled; method %s, %d slots, context %d, prompt buckets %s",
+             time.perf_counter() - started, total, engine.config.batch.method, engine.layout.rows,
+             engine.layout.max_context, ",".join(map(str, engine.layout.prompt_buckets)))
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        config = engine_config(args)
+    except GenerationError as e:
+        print(f"jf-jax serve: error: {e}", file=sys.stderr)
+        return 2
+    import threading
+
+    import uvicorn
+
+    from jf_jax import api
+
+    started = time.perf_counter()
+    model = api.load_model(args.model, dtype=args.dtype)
+    engine, app = build(model, args.model, config, args.served_model_name)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                           access_log=args.log_level == "debug"))
+    threading.Thread(target=report_when_ready, args=(engine, started, server), daemon=True).start()
+    log.info("listening on http://%s:%d; warming up (GET /health answers 200 when ready)", args.host, args.port)
+    try:
+        server.run()
+    finally:
+        engine.stop()
+    return 0 if engine.failure is None else 1
+
