@@ -16,6 +16,7 @@ import inspect
 import json
 import os
 
+from jf_jax.data.prompt_files import prompt_rows
 from jf_jax.decoding.common import MAX_BATCH_SIZE, MAX_SEED
 
 
@@ -53,19 +54,10 @@ def parse_prompt_rows(path: str, data: bytes) -> list[dict]:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise CollectInputError(f"--prompts {path} is not UTF-8 text (byte {e.start})") from None
-    rows = []
-    for n, line in enumerate(text.split("\n"), 1):  # split on newlines only, as json.dumps never writes one
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise CollectInputError(f"{path}:{n} is not valid JSON ({e.msg})") from None
-        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
-            raise CollectInputError(f"{path}:{n} has no string 'prompt' field")
-        if not row["prompt"].strip():
-            raise CollectInputError(f"{path}:{n} has an empty 'prompt'")
-        rows.append(row)
+    try:
+        rows = prompt_rows(text, path)
+    except ValueError as e:
+        raise CollectInputError(str(e)) from None
     if not rows:
         raise CollectInputError(f"--prompts {path} holds no prompts")
     return rows

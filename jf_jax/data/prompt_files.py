@@ -16,22 +16,36 @@ BUILTIN_PROMPTS = (
 )
 
 
+def prompt_rows(text: str, path) -> list[dict]:
+    """The rows of a prompts JSONL text, each an object with a non-empty string "prompt"; a ValueError names
+    ``path`` and the line (1-based, blank lines counted) of the first bad row. Every command reads prompt files
+    through here, so each names a bad row alike."""
+    rows = []
+    for n, line in enumerate(text.split("\n"), 1):  # split on newlines only, as json.dumps never writes one
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{n} is not valid JSON ({e.msg})") from None
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+            raise ValueError(f"{path}:{n} has no string 'prompt' field")
+        if not row["prompt"].strip():
+            raise ValueError(f"{path}:{n} has an empty 'prompt'")
+        rows.append(row)
+    return rows
+
+
 def read_prompt_file(path: Path) -> list[str]:
     """The prompts of a ``.jsonl`` or ``.txt`` file; a ValueError names the file (and line) of any problem."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"prompts file {path} does not exist")
-    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    text = path.read_text(encoding="utf-8")
+    lines = [line for line in text.splitlines() if line.strip()]
     prompts = []
     if path.suffix == ".jsonl":
-        for n, line in enumerate(lines, 1):
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n} is not valid JSON ({e.msg})") from None
-            if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
-                raise ValueError(f"{path}:{n} has no string 'prompt' field")
-            prompts.append(record["prompt"])
+        prompts.extend(row["prompt"] for row in prompt_rows(text, path))
     elif path.suffix == ".txt":
         prompts.extend(lines)
     else:
