@@ -50,8 +50,8 @@ def decode_row(name: str, p: dict, log: Path) -> str:
 def main(out: Path) -> int:
     plans = {p.stem: json.loads(p.read_text()) for p in sorted(out.glob("*.json"))}
     print("| plan | mesh | XLA:CPU peak GiB/device | calibrated | analytic floor | HBM GiB | verdict | collectives "
-          "GB/step/device | step s (overlapped / not) | train chip-h per round (overlapped / not) | collection "
-          "chip-h (roofline / at 49.6%) | compile (train + jacobi + AR); wall |")
+          "GB/step/device | step s (compute only / collectives overlapped) | train chip-h per round (compute only / "
+          "collectives overlapped) | collection chip-h (roofline / at 49.6%) | compile (train + jacobi + AR); wall |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, p in plans.items():
         if p.get("train"):

@@ -33,7 +33,9 @@ from jf_jax.tuning.roofline import Device
 
 GIB = 2**30
 CPU_TEMP_RATIO = 60.4 / 30.9
-"""XLA:CPU's temporaries over the GPU's for the recipe's 7B train step on one H200 (results/studies/gpu_h200_7b/)."""
+"""XLA:CPU's temporaries over the GPU's for the recipe's 7B train step on one H200 (results/studies/gpu_h200_7b/).
+Re-checked after the train step began keeping activations split by rows (commit 8950bd8): on one device that changes
+nothing, and XLA:CPU's temporaries for that configuration are still 60.4 GiB (results/studies/plan_7b/)."""
 AR_MEASURED_FRACTION = 167.6 / (4.8e12 / 14.20e9)
 """Batch-1 AR on an H200 at Qwen2.5-7B's shapes ran at 167.6 tokens/s (same study): 63.6% of the bound at the
 bandwidth the H200 measured (3.74 TB/s), 49.6% of the bound at the datasheet's 4.8 TB/s, which the plan uses."""
