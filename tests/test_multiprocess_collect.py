@@ -57,7 +57,7 @@ def test_two_processes_collect_what_one_process_collects(tmp_path, tiny_gguf):
                               cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in range(2)]
     try:
-        results = [p.communicate(timeout=600) for p in procs]
+        results = [p.communicate(timeout=240) for p in procs]
     finally:
         for p in procs:
             p.kill()

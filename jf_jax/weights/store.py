@@ -60,14 +60,20 @@ def entry_dir(source: str, root: str | None = None) -> str:
 
 
 def _checkpointer():
+    """A checkpointer of this process alone: in a multi-process run (``jax.distributed``) every process reads the
+    cache by itself, at its own time, so orbax's barriers between processes (its default) would wait forever for
+    processes that took another path (one converting while another reads)."""
     import orbax.checkpoint as ocp
 
-    return ocp.StandardCheckpointer()
+    me = jax.process_index()
+    return ocp.StandardCheckpointer(
+        multiprocessing_options=ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me},
+                                                                   barrier_sync_key_prefix=f"jf_jax_cache_{me}"))
 
 
 def _abstract(cfg: ModelConfig) -> Params:
-    """Restore target: shapes from the parameter declaration, placed on the first device."""
-    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    """Restore target: shapes from the parameter declaration, placed on this process's first device."""
+    sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     dtype = cfg.weight_dtype
     return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, dtype, sharding=sharding), param_specs(cfg),
                         is_leaf=lambda x: hasattr(x, "axes"))
@@ -132,8 +138,10 @@ def load_or_convert(source: str, convert, root: str | None = None):
     cached = load_entry(path)
     if cached is not None:
         return (*cached, True)
-    discard_entry(path)
     cfg, params, tokenizer = convert(source)
+    if jax.process_index() != 0:  # in a multi-process run one writer: process 0's entry reads as a one-process one
+        return cfg, params, tokenizer, False
+    discard_entry(path)
     try:
         save_entry(path, cfg, params, tokenizer, source)
     except OSError as e:  # a read-only or full disk must not stop the model from loading
