@@ -43,24 +43,36 @@ def place_rows(mesh: Mesh | None, *arrays):
 
 
 def place_params(mesh: Mesh | None, view: DecodeView, cfg: ModelConfig) -> DecodeView:
-    """``view``'s arrays on ``mesh``, each split as its declared logical axes say (``ShardingRules``); copied whole
-    to every device of a rows-only mesh; unchanged without a mesh. A packed or int8 view (the CPU kernels'
-    layouts) is not split: it is refused on a mesh with ``tensor`` or ``fsdp`` devices."""
+    """``view``'s arrays on ``mesh`` as ``view_shardings`` places them; unchanged without a mesh. A packed or int8
+    view (the CPU kernels' layouts) is not split: it is refused on a mesh with ``tensor`` or ``fsdp`` devices."""
     if mesh is None:
         return view
-    if mesh.shape["tensor"] == 1 and mesh.shape["fsdp"] == 1:  # rows only: every device holds the whole view
-        return jax.device_put(view, NamedSharding(mesh, P()))
-    problem = tensor_split_problem(cfg, mesh.shape["tensor"])
-    if problem:
-        raise ValueError(problem)
-    weights = [w for layer in view.layers for w in layer.values()] + [view.lm_head]
-    if not all(w is None or isinstance(w, (tuple, jax.Array, np.ndarray)) for w in weights):
-        raise ValueError("packed or int8 decode weights (the CPU kernels' layouts) cannot be sharded: load the model "
-                         "with column_shards=1 to decode on a mesh")
+    if not rows_only(mesh):
+        problem = tensor_split_problem(cfg, mesh.shape["tensor"])
+        if problem:
+            raise ValueError(problem)
+        weights = [w for layer in view.layers for w in layer.values()] + [view.lm_head]
+        if not all(w is None or isinstance(w, (tuple, jax.Array, np.ndarray)) for w in weights):
+            raise ValueError("packed or int8 decode weights (the CPU kernels' layouts) cannot be sharded: load the "
+                             "model with column_shards=1 to decode on a mesh")
+    return jax.device_put(view, view_shardings(mesh, view, cfg))
+
+
+def rows_only(mesh: Mesh) -> bool:
+    """Whether ``mesh`` splits only rows, so every device holds the whole decode view."""
+    return mesh.shape["tensor"] == 1 and mesh.shape["fsdp"] == 1
+
+
+def view_shardings(mesh: Mesh, view: DecodeView, cfg: ModelConfig) -> DecodeView:
+    """The NamedSharding of each array of ``view`` (arrays or ShapeDtypeStructs) on ``mesh``: replicated on a
+    rows-only mesh, else split as its declared logical axes say (``ShardingRules``). ``place_params`` places by
+    it, and the planner (``tuning.plan``) compiles abstract views with it."""
+    if rows_only(mesh):
+        return jax.tree.map(lambda _: NamedSharding(mesh, P()), view)
     rules, axes = ShardingRules(), logical_axes(cfg)
 
     def put(x, names):
-        return jax.device_put(x, NamedSharding(mesh, rules.spec(names, tuple(x.shape), mesh)))
+        return NamedSharding(mesh, rules.spec(names, tuple(x.shape), mesh))
 
     def put_weight(w, names):  # a weight held as column shards: each shard keeps the whole weight's axes
         return tuple(put(s, names) for s in w) if isinstance(w, tuple) else put(w, names)

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cpu_kernels import library
+from jf_jax.decoding import placement
 from jf_jax.model.config import ModelConfig
 from jf_jax.model.sharding import BATCH_AXES, ShardingRules, make_mesh, mesh_problem, tensor_split_problem
 from jf_jax.tuning.hlo_stats import HloStats, hlo_stats
@@ -261,30 +262,6 @@ def compile_train(cfg: ModelConfig, mesh_shape: MeshShape, train: TrainShape) ->
         return compile_program("train_step", lambda: step.lower(state, batch, reference), parts)
 
 
-def view_shardings(mesh, view, cfg: ModelConfig):
-    """The NamedShardings ``placement.place_params`` gives a decode view's arrays (its rules, for abstract arrays:
-    the whole view on every device of a rows-only mesh, else each array split as its logical axes say)."""
-    from jax.sharding import NamedSharding, PartitionSpec as P
-
-    from jf_jax.model.decode_view import DecodeView
-    from jf_jax.model.params import logical_axes
-
-    if mesh.shape["tensor"] == 1 and mesh.shape["fsdp"] == 1:
-        return jax.tree.map(lambda _: NamedSharding(mesh, P()), view)
-    rules, axes = ShardingRules(), logical_axes(cfg)
-
-    def put(x, names):
-        return NamedSharding(mesh, rules.spec(names, tuple(x.shape), mesh))
-
-    def put_weight(w, names):
-        return tuple(put(s, names) for s in w) if isinstance(w, tuple) else put(w, names)
-
-    layers = tuple({k: put_weight(v, axes["layers"][k][1:]) for k, v in layer.items()} for layer in view.layers)
-    head = None if view.lm_head is None else put_weight(view.lm_head, axes.get("lm_head", ("embed", "vocab")))
-    return DecodeView(embed=put(view.embed, axes["embed"]), layers=layers, final_norm=put(view.final_norm,
-                      axes["final_norm"]), lm_head=head, column_shards=view.column_shards, embed_dtype=view.embed_dtype)
-
-
 def decode_inputs(cfg: ModelConfig, decode: DecodeShape, tokens: int, mesh):
     """(abstract decode view, tokens, KV cache) of one cached forward: bfloat16 weights placed as ``place_params``
     places them; the cache [L, B, S, K, Dh] split by rows over data x fsdp and by KV heads over tensor (where the
@@ -298,7 +275,7 @@ def decode_inputs(cfg: ModelConfig, decode: DecodeShape, tokens: int, mesh):
     model = cfg.replace(dtype="bfloat16", param_dtype="bfloat16")
     view = jax.eval_shape(decode_view, abstract_params(model))
     view = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), view,
-                        view_shardings(mesh, view, model))
+                        placement.view_shardings(mesh, view, model))
     heads = "tensor" if model.num_kv_heads % mesh.shape["tensor"] == 0 and mesh.shape["tensor"] > 1 else None
     kv_sh = NamedSharding(mesh, P(None, BATCH_AXES, None, heads, None))
     cache = KVCache.abstract(model, decode.batch, decode.context + tokens)

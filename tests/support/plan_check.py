@@ -11,7 +11,7 @@ directory argument; prints a JSON report on its last stdout line:
   batch), the temporaries and non-aliased outputs of the executable compiled for those arrays, and how far the
   process's resident memory rises per device while the step runs (the CPU backend keeps no memory statistics;
   every simulated device's buffers are this process's memory);
-* ``placement``: ``tuning.plan.view_shardings`` against ``decoding.placement.place_params`` on real arrays.
+* ``placement``: ``decoding.placement.view_shardings`` (the plan compiles with it) against ``place_params``.
 """
 
 import contextlib
@@ -27,6 +27,7 @@ import jax
 import numpy as np
 
 from jf_jax.cli import plan as plan_cli
+from jf_jax.decoding import placement
 from jf_jax.decoding.placement import place_params
 from jf_jax.model.config import from_hf_config
 from jf_jax.model.decode_view import decode_view
@@ -128,7 +129,7 @@ def placement_specs(cfg) -> dict:
     for shape in (plan.MeshShape(fsdp=8), plan.MeshShape(fsdp=4, tensor=2), plan.MeshShape(data=8)):
         mesh = plan.build_mesh(shape)
         placed = jax.tree.map(lambda x: str(x.sharding.spec), place_params(mesh, view, model))
-        planned = jax.tree.map(lambda s: str(s.spec), plan.view_shardings(mesh, view, model))
+        planned = jax.tree.map(lambda s: str(s.spec), placement.view_shardings(mesh, view, model))
         out[str(shape)] = placed == planned
     return out
 
