@@ -3,37 +3,22 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 
+from tests.support.processes import jf_jax_pair, run_pair
+
 pytestmark = pytest.mark.slow  # two JAX processes compile the step (~1 min)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
 
 
 def test_two_processes_train_like_one_device():
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu",
            "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
-    port = _free_port()
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.support.multiprocess_step_check", str(port), str(i)],
-                              env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i in range(2)]
-    outputs = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=600)
-            outputs.append((p.returncode, out, err))
-    finally:
-        for p in procs:
-            p.kill()
+    outputs = run_pair(lambda port, i: [sys.executable, "-m", "tests.support.multiprocess_step_check", str(port),
+                                        str(i)], cwd=ROOT, env=env, timeout=600)
     for code, out, err in outputs:
         assert code == 0, out + err[-3000:]
     report = json.loads(outputs[0][1].strip().splitlines()[-1])
@@ -61,19 +46,10 @@ def test_a_two_process_training_run_matches_a_one_process_run(tmp_path):
     single = subprocess.run(train + ["--run-dir", str(tmp_path / "one")], cwd=ROOT, capture_output=True, text=True,
                             env={**base, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}, timeout=600)
     assert single.returncode == 0, single.stdout + single.stderr[-3000:]
-    port = _free_port()
     env = {**base, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
-    procs = [subprocess.Popen(train + ["--run-dir", str(tmp_path / "two"), "--coordinator", f"localhost:{port}",
-                                       "--num-processes", "2", "--process-id", str(i), "--cpu-collectives", "gloo"],
-                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i in range(2)]
-    try:
-        results = [p.communicate(timeout=600) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    for p, (out, err) in zip(procs, results):
-        assert p.returncode == 0, out + err[-3000:]
+    for code, out, err in run_pair(jf_jax_pair(train + ["--run-dir", str(tmp_path / "two")]), cwd=ROOT, env=env,
+                                   timeout=600):
+        assert code == 0, out + err[-3000:]
     (_, one), (_, two) = load_run(str(tmp_path / "one")), load_run(str(tmp_path / "two"))
     for a, b in zip(jax_leaves(one), jax_leaves(two)):
         np.testing.assert_allclose(a, b, atol=1e-4)

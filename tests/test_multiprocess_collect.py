@@ -5,21 +5,16 @@ reads the parts unchanged."""
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+from tests.support.processes import jf_jax_pair, run_pair
+
 pytestmark = pytest.mark.slow  # three JAX processes start and compile the recorder (~1 min)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
 
 
 def _records(out: str) -> dict:
@@ -51,18 +46,9 @@ def test_two_processes_collect_what_one_process_collects(tmp_path, tiny_gguf):
     one = subprocess.run(collect + ["--out", str(tmp_path / "one")], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=600)
     assert one.returncode == 0, one.stdout + one.stderr[-3000:]
-    port = _free_port()
-    procs = [subprocess.Popen(collect + ["--out", str(tmp_path / "two"), "--coordinator", f"localhost:{port}",
-                                         "--num-processes", "2", "--process-id", str(i), "--cpu-collectives", "gloo"],
-                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i in range(2)]
-    try:
-        results = [p.communicate(timeout=240) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    for i, (p, (out, err)) in enumerate(zip(procs, results)):
-        assert p.returncode == 0, f"process {i}: " + out + err[-3000:] + f"\nthe other: {results[1 - i][1][-2000:]}"
+    results = run_pair(jf_jax_pair(collect + ["--out", str(tmp_path / "two")]), cwd=ROOT, env=env, timeout=240)
+    for i, (code, out, err) in enumerate(results):
+        assert code == 0, f"process {i}: " + out + err[-3000:] + f"\nthe other: {results[1 - i][2][-2000:]}"
     parts = trajectory_dirs(str(tmp_path / "two"))
     assert [os.path.basename(d) for d in parts] == ["process-000-of-002", "process-001-of-002"]
     single, union = _records(str(tmp_path / "one")), _records(str(tmp_path / "two"))
