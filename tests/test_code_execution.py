@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from jf_jax.data.code_execution import (ExecutionResult, build_program, check_completion, completion_code,
-                                        pass_at_1)
+from jf_jax.eval.code_execution import (ExecutionResult, build_program, check_completion, completion_code,
+                                       pass_at_1)
 
 PROBLEM = {"task_id": "Test/0", "entry_point": "add",
            "prompt": 'import math\n\n\ndef add(a, b):\n    """Add two numbers."""\n',

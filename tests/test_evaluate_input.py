@@ -163,7 +163,7 @@ def test_differing_settings_ignore_the_models_and_the_spelling_of_lists():
 
 
 def test_reports_are_replaced_whole(tmp_path):
-    from jf_jax.cli.evaluate_options import write_atomically
+    from jf_jax.eval.report import write_atomically
 
     path = tmp_path / "r.json"
     write_atomically(str(path), "first")

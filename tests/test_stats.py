@@ -5,11 +5,11 @@ mean TPF, the summaries with and without looping answers, and the one table rend
 import numpy as np
 import pytest
 
-from jf_jax.decoding.answer_quality import answer_quality, loops, repeat_fraction
 from jf_jax.decoding.common import StopReason
 from jf_jax.decoding.stats import (add_speedups, bootstrap_mean_interval, match_fraction, prompt_stats, summarize,
                                    summarize_with_loops)
-from jf_jax.decoding.stats_table import Column, render_table
+from jf_jax.eval.answer_quality import answer_quality, loops, repeat_fraction
+from jf_jax.eval.stats_table import Column, render_table
 
 CAP = StopReason.MAX_NEW_TOKENS.label
 EOS = StopReason.EOS.label

@@ -12,34 +12,12 @@ that damages the model would show first. Prints a markdown table.
 from __future__ import annotations
 
 import argparse
-import ast
 import json
-import re
 import sys
 
+from jf_jax.cli.evaluate_options import prompt_set_name
 from jf_jax.data.build import read_jsonl
-
-FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
-
-
-def check_answer(text: str, name: str) -> dict:
-    blocks = FENCE.findall(text)
-    parses = False
-    defines = False
-    for block in blocks:
-        try:
-            tree = ast.parse(block)
-        except SyntaxError:
-            continue
-        parses = True
-        defines = defines or any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name
-                                 for n in ast.walk(tree))
-    return dict(closed_block=bool(blocks), parses=parses, defines=defines)
-
-
-def function_name(prompt: str) -> str:
-    match = re.search(r"function `([A-Za-z_][A-Za-z0-9_]*)\(", prompt)
-    return match.group(1) if match else ""
+from jf_jax.eval.code_quality import CHECKS, code_quality
 
 
 def main(argv=None) -> int:
@@ -55,17 +33,12 @@ def main(argv=None) -> int:
 
     with open(args.result) as f:
         result = json.load(f)
-    set_name = args.set or args.prompts.rsplit("/", 1)[-1].rsplit(".", 1)[0]
-    rows = read_jsonl(args.prompts)
+    scores = code_quality(result, args.set or prompt_set_name(args.prompts), read_jsonl(args.prompts),
+                          tokenizer.decode)
     print("| model | code prompts | closed python block | parses | defines the function |")
     print("|---|---|---|---|---|")
-    for res in result["results"]:
-        ar = res["speed"][set_name]["ar"]
-        checks = [check_answer(tokenizer.decode(ids), function_name(row["prompt"]))
-                  for ids, row in zip(ar["token_ids"], rows)]
-        n = len(checks)
-        counts = [sum(c[k] for c in checks) for k in ("closed_block", "parses", "defines")]
-        print(f"| {res['model']} | {n} | " + " | ".join(f"{c}/{n}" for c in counts) + " |")
+    for s in scores:
+        print(f"| {s.model} | {s.answers} | " + " | ".join(f"{getattr(s, k)}/{s.answers}" for k in CHECKS) + " |")
     return 0
 
 

@@ -14,8 +14,9 @@ from pathlib import Path
 from jf_jax.cli.mesh import MeshSpec, build_mesh, mesh_error, parse_mesh, plain_layout
 from jf_jax.cli.output_paths import file_problem
 from jf_jax.data.prompt_files import gather_prompts
-from jf_jax.decoding import stats, stats_table
-from jf_jax.decoding.stats_table import Column
+from jf_jax.decoding import stats
+from jf_jax.eval import stats_table
+from jf_jax.eval.stats_table import Column
 
 # Methods with a step-by-step (python) driver that can stream accepted tokens.
 STREAMING_METHODS = ("jacobi", "mr")

@@ -1,26 +1,27 @@
-"""What ``jf-jax evaluate`` checks before any work, and its resumable report.
+"""What ``jf-jax evaluate`` checks before any work, and whether its report can be resumed.
 
 Every option is checked before a model is loaded or a prompt file read: a bad value would otherwise fail late, a
 block size past the decoders' limit after AR had decoded the first prompt set, a zero --math-batch after every
 speed run. The decoders' limits are read from the decoders (their constants, checked by their ``check_int``), so a
 setting evaluate accepts is one the decoders accept.
 
-The report (OUT.json and OUT.md) is rewritten after each model, atomically, so a late failure loses only the model
-it hit; a rerun with the same --out and the same settings keeps the models OUT.json holds and runs the others.
-The checks return why they refuse (one line, printed after "error: "), or None.
+The report (OUT.json and OUT.md, ``jf_jax.eval.report``) is rewritten after each model, atomically, so a late
+failure loses only the model it hit; a rerun with the same --out and the same settings keeps the models OUT.json
+holds and runs the others (``previous_results``). The checks return why they refuse (one line, printed after
+"error: "), or None.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 
 from jf_jax.cli.output_paths import file_problem
 from jf_jax.decoding.common import GenerationError, check_int
 from jf_jax.decoding.multiblock import MAX_NUM_BLOCKS, MAX_POOL_SIZE
 from jf_jax.decoding.runner import MAX_BLOCK_SIZE
 from jf_jax.decoding.sampling import Sampling
+from jf_jax.eval.report import read_report
 
 POSITIVE = ("max_new_tokens", "math_max_new_tokens", "humaneval_max_new_tokens", "math_batch")
 NON_NEGATIVE = ("limit", "math_limit", "humaneval", "humaneval_nll")
@@ -181,11 +182,7 @@ def previous_results(out: str, run: dict) -> tuple[list[dict], str | None]:
     if not os.path.exists(path):
         return [], None
     try:
-        with open(path) as f:
-            report = json.load(f)
-        old, results = report["args"], report["results"]
-        if not isinstance(old, dict) or not all(isinstance(r, dict) and "model" in r for r in results):
-            raise ValueError("no args, or a result without its model")
+        old, results = read_report(path)
     except (OSError, ValueError, KeyError, TypeError) as e:
         return [], f"{path} exists but is not a report of jf-jax evaluate ({e}); pass another --out"
     differ = differing_settings(old, run)
@@ -193,50 +190,3 @@ def previous_results(out: str, run: dict) -> tuple[list[dict], str | None]:
         return [], (f"{path} holds results measured with other settings ({'; '.join(differ)}); pass another --out, "
                     "or the same settings to resume it")
     return results, None
-
-
-def device_name() -> str:
-    """The machine the speed runs are measured on, as the report names it."""
-    import jax
-
-    device = jax.devices()[0]
-    return f"CPU ({os.cpu_count()} cores)" if device.platform == "cpu" else device.device_kind
-
-
-def write_atomically(path: str, text: str) -> None:
-    """``path`` holds ``text``, or, if the write fails, what it held before: the text goes to a temporary file in
-    the same directory (same file system), which then replaces ``path``."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
-                               dir=os.path.dirname(os.path.abspath(path)))
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # as open() would create it: mkstemp makes it private
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
-def write_report(out: str, run: dict, results: list[dict], markdown) -> None:
-    """OUT.json (``run``'s options, its model list being the results', and ``results``) and OUT.md
-    (``markdown(results, run)``), each replaced whole."""
-    run = dict(run, model=[r["model"] for r in results])
-    write_atomically(out + ".json", json.dumps(dict(args=run, results=results), indent=1))
-    write_atomically(out + ".md", markdown(results, run))
-
-
-def summary_lines(spec: str, res: dict) -> list[str]:
-    """The lines printed when a model is done: TPF per run and set, and its quality scores."""
-    lines = [f"{spec} {set_name} {({m: round(s['tpf'], 3) for m, s in per_method.items()})}"
-             for set_name, per_method in res["speed"].items()]
-    if res["math"]:
-        lines.append(f"{spec} gsm accuracy {res['math']['accuracy']}")
-    if res["humaneval"]:
-        lines.append(f"{spec} humaneval pass@1 {res['humaneval']['pass_at_1']}")
-    if res.get("humaneval_nll"):
-        lines.append(f"{spec} humaneval solution NLL {round(res['humaneval_nll']['nll_per_token'], 4)}")
-    return lines

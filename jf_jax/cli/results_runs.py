@@ -47,7 +47,7 @@ def loop_split(cell: dict, max_new_tokens: int | None) -> tuple[int | None, int 
     """(answers, looping answers, TPF without them) of one speed cell. The current evaluate records each answer's
     ``loops``; the first files kept only the answers and their TPF, so the rule is applied here, with an answer
     that filled ``max_new_tokens`` counted as stopped by the cap (those files did not record stop reasons)."""
-    from jf_jax.decoding.answer_quality import TOKEN_CAP_STOP, loops
+    from jf_jax.eval.answer_quality import TOKEN_CAP_STOP, loops
 
     if cell.get("per_prompt") and all("loops" in p for p in cell["per_prompt"]):
         records = [(p["tokens"], p["forwards"], bool(p["loops"])) for p in cell["per_prompt"]]
