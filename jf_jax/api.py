@@ -23,7 +23,7 @@ from jf_jax.decoding.jacobi import generate_jacobi
 from jf_jax.decoding.multiblock import generate_mr
 from jf_jax.decoding.sampling import Sampling
 from jf_jax.decoding.shapes import DecodeShape, default_decode_shape, natural_shape
-from jf_jax.model.decode_view import decode_view
+from jf_jax.model import machine
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -78,8 +78,8 @@ class Completion:
 
 
 def default_column_shards() -> int:
-    """Shards per matmul weight in the decode view: one per core on CPU (one XLA dot uses one core), else 1."""
-    return max(1, min(os.cpu_count() or 1, 8)) if jax.default_backend() == "cpu" else 1
+    """Shards per matmul weight in this process's decode view (``model.machine.default_column_shards``)."""
+    return machine.default_column_shards(jax.default_backend(), os.cpu_count() or 1)
 
 
 def load_model(spec: str = DEFAULT_MODEL, dtype: str = "float32", column_shards: int | None = None):
@@ -93,23 +93,15 @@ def load_model(spec: str = DEFAULT_MODEL, dtype: str = "float32", column_shards:
     ``dtype="auto"`` takes the fastest dtype shown lossless on this machine (``model.machine.choose_dtype``).
     ``model.decode_view.stacked_params`` gives back the stacked training layout.
     """
-    import cpu_kernels
     from jf_jax import weights  # deferred: it pulls in gguf / safetensors / orbax
-    from jf_jax.model import machine
 
+    here = machine.detect()
     if dtype == "auto":
-        dtype = machine.choose_dtype(dtype).dtype
-
-    if dtype == "int8":  # W8A8 matmuls (``model.quantize``), everything else in bfloat16
-        if column_shards not in (None, 1):
-            raise ValueError("int8 weights are not split in column shards")
-        loaded = weights.load(spec, dtype="bfloat16")
-        return dataclasses.replace(loaded, params=decode_view(loaded.params, int8=True))
-    loaded = weights.load(spec, dtype=dtype)
-    if dtype == "bfloat16" and column_shards is None and cpu_kernels.bf16_gemm.kernel_target() is not None:
-        return dataclasses.replace(loaded, params=decode_view(loaded.params, pack=True))
-    shards = default_column_shards() if column_shards is None else column_shards
-    return dataclasses.replace(loaded, params=decode_view(loaded.params, column_shards=shards))
+        dtype = machine.choose_dtype(dtype, here).dtype
+    layout = machine.decode_view_for(here, dtype, column_shards)  # before loading: a wrong layout fails fast
+    # int8: W8A8 matmuls (``model.quantize``), everything else in bfloat16
+    loaded = weights.load(spec, dtype="bfloat16" if dtype == "int8" else dtype)
+    return dataclasses.replace(loaded, params=layout.build(loaded.params))
 
 
 def tune(spec: str, prompts: Sequence[str], *, dtype: str = "float32", chat: bool = True, **options) -> dict:

@@ -14,6 +14,7 @@ import yaml
 
 from jf_jax.weights import run_dir as rd
 from jf_jax.training import loop as train_loop
+from jf_jax.training import setup as train_setup
 from jf_jax.training.losses import loss_fn
 from jf_jax.training.config import ConfigKeyError, config_from_dict, load_config
 from jf_jax.training.loop import NonFiniteLossError, run_training
@@ -51,7 +52,7 @@ def test_data_path_list_concatenates_trajectory_directories(tmp_path):
 
     def stream(*overrides):
         tcfg = load_config(TINY_YAML, ["data.source=trajectories", *overrides])
-        return train_loop.build_stream(tcfg, str(tmp_path / "run"), 64, False)
+        return train_setup.build_stream(tcfg, str(tmp_path / "run"), 64, False)
 
     whole = stream(f"data.path={dirs[0]}").sequences
     split = stream(f"data.path=[{dirs[1]},{dirs[2]}]").sequences  # two parallel collection workers
@@ -76,10 +77,10 @@ def _metrics_lines(run):
 def test_loss_decreases_on_a_fixed_batch(uninterrupted):
     run, result = uninterrupted
     tcfg = load_config(TINY_YAML, SHORT)
-    cfg = train_loop.model_config(tcfg)
-    fixed = {k: jnp.asarray(v) for k, v in train_loop.build_stream(tcfg, run, cfg.vocab_size, False).batch(0).items()}
+    cfg = train_setup.model_config(tcfg)
+    fixed = {k: jnp.asarray(v) for k, v in train_setup.build_stream(tcfg, run, cfg.vocab_size, False).batch(0).items()}
     loss = jax.jit(loss_fn, static_argnums=(1, 3))
-    before, _ = loss(train_loop.initial_params(tcfg, cfg), cfg, fixed, tcfg.loss)
+    before, _ = loss(train_setup.initial_params(tcfg, cfg), cfg, fixed, tcfg.loss)
     after, metrics = loss(rd.load_run(run)[1], cfg, fixed, tcfg.loss)
     assert float(after) < 0.6 * float(before), (before, after)
     assert float(metrics["loss/consistency"]) > 0
@@ -233,7 +234,7 @@ def test_too_long_sequences_are_reported_and_refused_above_their_share(tmp_path,
 
     monkeypatch.setattr(train_loop, "make_train_step", no_step)
     run = str(tmp_path / "run")
-    with pytest.raises(train_loop.DroppedSequencesError) as refused:
+    with pytest.raises(train_setup.DroppedSequencesError) as refused:
         run_training(load_config(TINY_YAML, data), run, progress=False)  # default data.max_dropped_share: 1%
     message = str(refused.value)
     assert f"2 of 32 training sequences ({2 / 32:.1%})" in message

@@ -92,15 +92,15 @@ def test_the_attention_kernel_and_its_backward_are_config_keys(monkeypatch):
 
     from jf_jax.model import transformer
     from jf_jax.model.config import ATTENTION_BACKWARDS
-    from jf_jax.training import loop as train_loop
+    from jf_jax.training import setup as train_setup
     from pallas_kernels import flash_attention
 
     assert ATTENTION_BACKWARDS == flash_attention.BACKWARDS
     tiny = str(CONFIGS / "tiny.yaml")
-    cfg = train_loop.model_config(load_config(tiny, ["model.attention_impl=pallas_triton",
+    cfg = train_setup.model_config(load_config(tiny, ["model.attention_impl=pallas_triton",
                                                      "model.attention_backward=reference"]))
     assert (cfg.attention_impl, cfg.attention_backward) == ("pallas_triton", "reference")
-    assert train_loop.model_config(load_config(tiny)).attention_backward == "fused"
+    assert train_setup.model_config(load_config(tiny)).attention_backward == "fused"
     with pytest.raises(ConfigKeyError, match="attention_backward must be one of"):
         load_config(tiny, ["model.attention_backward=dense"])
 

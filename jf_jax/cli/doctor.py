@@ -135,8 +135,8 @@ def check(machine, dtypes=CHECK_DTYPES, *, prompts: int = 2, prompt_length: int 
     from jf_jax.decoding.ar import generate_ar
     from jf_jax.decoding.jacobi import generate_jacobi
     from jf_jax.decoding.shapes import shape_label
+    from jf_jax.model import machine as machines
     from jf_jax.model.config import ModelConfig
-    from jf_jax.model.decode_view import decode_view
     from jf_jax.model.params import cast_params, init_params
 
     rng = np.random.default_rng(0)
@@ -149,9 +149,7 @@ def check(machine, dtypes=CHECK_DTYPES, *, prompts: int = 2, prompt_length: int 
         cfg = ModelConfig(**CHECK_SHAPE, dtype=dtype)
         params = init_params(cfg, jax.random.PRNGKey(0))
         params = cast_params({**params, "embed": params["embed"] * 4.0}, cfg.compute_dtype)
-        # The view jf_jax.api.load_model builds for this dtype on this machine.
-        view = (decode_view(params, pack=True) if dtype == "bfloat16" and machine.packs_bf16
-                else decode_view(params, column_shards=api.default_column_shards()))
+        view = machines.decode_view_for(machine, dtype).build(params)  # the view jf_jax.api.load_model builds
         ar = generate_ar(view, cfg, ids, max_new_tokens=max_new_tokens, eos_ids=[], warmup=False,
                          decode_shape=shape).token_ids
         jacobi = generate_jacobi(view, cfg, ids, max_new_tokens=max_new_tokens, eos_ids=[], block_size=block_size,

@@ -23,7 +23,8 @@ from jf_jax.cli.distributed import add_distributed_args, init_distributed
 from jf_jax.cli.output_paths import directory_problem
 from jf_jax.model.config import ConfigError
 from jf_jax.training.config import ConfigKeyError, check_before_training, load_config
-from jf_jax.training.loop import DroppedSequencesError, NonFiniteLossError, run_training
+from jf_jax.training.loop import NonFiniteLossError, run_training
+from jf_jax.training.setup import DroppedSequencesError
 from jf_jax.training.trajectories import TrajectoryFormatError
 
 # Faults of the config or its data that the CLI reports in one line (exit 2); anything else is a bug, and keeps

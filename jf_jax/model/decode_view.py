@@ -9,8 +9,9 @@ as ``column_shards`` shards along its output axis, so the shards' independent do
 The view is an explicit type that ``model.transformer.forward`` accepts beside the stacked tree; nothing
 inspects array containers to guess a layout. ``decode_view`` builds it, ``stacked_params`` gives back the
 declared tree; both move values only, so ``stacked_params(decode_view(p), cfg) == p``. The layout is chosen once,
-when a model is loaded (``api.load_model``) or when stacked params are converted here; decoders take the view,
-and ``as_decode_view`` is the one place a decoder looks at which layout it was handed.
+when a model is loaded (``api.load_model``, by the rule ``model.machine.decode_view_for``) or when stacked params
+are converted here; decoders take the view, and ``as_decode_view`` is the one place a decoder looks at which
+layout it was handed.
 """
 
 from __future__ import annotations

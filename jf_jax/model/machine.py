@@ -20,6 +20,8 @@ import pathlib
 import jax
 
 from cpu_kernels import library
+from jf_jax.model.decode_view import DecodeView, decode_view
+from jf_jax.model.params import Params
 
 DTYPES = ("float32", "bfloat16", "int8")
 CPU_FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile",
@@ -160,37 +162,78 @@ def kernels_absent(machine: Machine, flag: str = "avx512_bf16") -> str:
     return "no " + " or ".join(f.upper().replace("_", "-") for f in missing)
 
 
+MAX_COLUMN_SHARDS = 8
+
+
+def default_column_shards(backend: str, cores: int) -> int:
+    """Shards per matmul weight in the decode view: one per core on a CPU (one XLA dot uses one core), at most
+    ``MAX_COLUMN_SHARDS``; 1 elsewhere."""
+    return max(1, min(cores, MAX_COLUMN_SHARDS)) if backend == "cpu" else 1
+
+
+@dataclasses.dataclass(frozen=True)
+class ViewLayout:
+    """The layout arguments of ``model.decode_view.decode_view``: weights in ``column_shards`` shards, packed for
+    the bf16 GEMM kernel (``pack``) or quantised (``int8``)."""
+
+    column_shards: int = 1
+    pack: bool = False
+    int8: bool = False
+
+    def build(self, params: Params) -> DecodeView:
+        """The decode view of the stacked ``params`` in this layout."""
+        return decode_view(params, column_shards=self.column_shards, pack=self.pack, int8=self.int8)
+
+
+def decode_view_for(machine: Machine, dtype: str, column_shards: int | None = None) -> ViewLayout:
+    """The decode view a model in ``dtype`` is held in on ``machine`` (``jf_jax.api.load_model`` builds it,
+    ``engine_path`` names it, the doctor's check decodes on it): int8 matmul weights for int8; bf16 weights packed
+    for the GEMM kernel when one runs here and no ``column_shards`` are asked for; else every matmul weight in
+    ``column_shards`` shards (default ``default_column_shards``)."""
+    if dtype == "int8":
+        if column_shards not in (None, 1):
+            raise ValueError("int8 weights are not split in column shards")
+        return ViewLayout(int8=True)
+    if dtype == "bfloat16" and column_shards is None and machine.packs_bf16:
+        return ViewLayout(pack=True)
+    if column_shards is None:
+        column_shards = default_column_shards(machine.backend, machine.cores)
+    return ViewLayout(column_shards=column_shards)
+
+
 def engine_path(machine: Machine, dtype: str) -> EnginePath:
-    """The path a decode in ``dtype`` takes on ``machine`` (``jf_jax.api.load_model``'s choice of decode view)."""
+    """The path a decode in ``dtype`` takes on ``machine``: what runs the matmuls of the view ``decode_view_for``
+    picks there."""
     short = {"float32": "f32", "bfloat16": "bf16", "int8": "int8"}[dtype]
     if machine.backend != "cpu":
         return EnginePath(dtype, f"{short} via XLA on {machine.backend}", f"XLA dots on {machine.backend}",
                           "plain JAX (jf_jax/model/cached_attention.py) in XLA")
+    layout = decode_view_for(machine, dtype)
     attention = ("jf-jax decode-attention kernel (AVX2 set)" if machine.avx2_gemm_runs
                  else "plain JAX in XLA (the kernel's twin; "
                  f"{machine.avx2_machine_reason or machine.avx2_library_problem})")
+    if layout.int8:
+        if machine.avx512_kernels_run:
+            return EnginePath(dtype, "int8 via jf-jax AVX512-VNNI kernels", "jf-jax W8A8 kernel (exact int32 sums)",
+                              attention)
+        return EnginePath(dtype, f"int8 via XLA integer dots ({kernels_absent(machine, 'avx512_vnni')})",
+                          "the W8A8 kernel's plain-JAX twin in XLA", attention,
+                          "slow without the VNNI kernel: on a 2-core AVX2-only CPU int8 AR ran at a quarter of "
+                          "bfloat16's (results/studies/decode_engine_speed/dtypes_epyc_cache_write.json)")
+    if layout.pack and machine.avx512_kernels_run:
+        return EnginePath(dtype, "bf16 via jf-jax AVX512-BF16 kernels",
+                          "jf-jax bf16 GEMM kernel on weights packed at load", attention)
     sharded = "XLA dots, each weight in one column shard per core"
     if dtype == "float32":
         return EnginePath(dtype, "f32 via XLA dots", sharded, attention)
-    if dtype == "bfloat16":
-        if machine.avx512_kernels_run:
-            return EnginePath(dtype, "bf16 via jf-jax AVX512-BF16 kernels",
-                              "jf-jax bf16 GEMM kernel on weights packed at load", attention)
-        note = (f"the faster AVX512-BF16 kernels would run here: {machine.avx512_library_problem}"
-                if machine.avx512_machine_reason is None else None)
-        if machine.avx2_gemm_runs:
-            return EnginePath(dtype, f"bf16 via the jf-jax AVX2 GEMM kernel ({kernels_absent(machine)})",
-                              "jf-jax AVX2/FMA bf16 GEMM kernel on weights packed at load", attention, note)
-        if note is None and machine.avx2_machine_reason is None:
-            note = f"the packed bf16 GEMM kernel would run here: {machine.avx2_library_problem}"
-        return EnginePath(dtype, f"bf16 via XLA dots ({kernels_absent(machine)})", sharded, attention, note)
-    if machine.avx512_kernels_run:
-        return EnginePath(dtype, "int8 via jf-jax AVX512-VNNI kernels", "jf-jax W8A8 kernel (exact int32 sums)",
-                          attention)
-    return EnginePath(dtype, f"int8 via XLA integer dots ({kernels_absent(machine, 'avx512_vnni')})",
-                      "the W8A8 kernel's plain-JAX twin in XLA", attention,
-                      "slow without the VNNI kernel: on a 2-core AVX2-only CPU int8 AR ran at a quarter of bfloat16's "
-                      "(results/studies/decode_engine_speed/dtypes_epyc_cache_write.json)")
+    note = (f"the faster AVX512-BF16 kernels would run here: {machine.avx512_library_problem}"
+            if machine.avx512_machine_reason is None else None)
+    if layout.pack:  # the AVX2 GEMM, the one that runs where the AVX-512 set does not
+        return EnginePath(dtype, f"bf16 via the jf-jax AVX2 GEMM kernel ({kernels_absent(machine)})",
+                          "jf-jax AVX2/FMA bf16 GEMM kernel on weights packed at load", attention, note)
+    if note is None and machine.avx2_machine_reason is None:
+        note = f"the packed bf16 GEMM kernel would run here: {machine.avx2_library_problem}"
+    return EnginePath(dtype, f"bf16 via XLA dots ({kernels_absent(machine)})", sharded, attention, note)
 
 
 def lossless_evidence(machine: "Machine", dtype: str) -> str:

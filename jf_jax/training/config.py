@@ -318,5 +318,5 @@ def check_before_training(tcfg: TrainConfig) -> None:
         d = tcfg.data
         for path in [t for p in ((d.path,) if isinstance(d.path, str) else d.path) for t in trajectory_dirs(p)]:
             block_size = read_manifest(path)["block_size"]
-            if block_size != d.block_size:  # the message of loop.build_stream's own check
+            if block_size != d.block_size:  # the message of setup.build_stream's own check
                 raise ConfigKeyError(f"data.block_size={d.block_size} but {path} holds blocks of {block_size}")
