@@ -14,10 +14,9 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
-
+from jf_jax.benchmarks.transformers_speed import transformers_rates
 from jf_jax.tuning.measure import read_bandwidth_gbs
 
 PROMPTS = [
@@ -35,25 +34,6 @@ def bench_jf(model, encoded, tokens: int) -> list[float]:
         result = generate_ar(model.params, model.cfg, [ids], max_new_tokens=tokens, eos_ids=[])
         assert result.new_tokens == [tokens]
         rates.append(tokens / result.seconds)
-    return rates
-
-
-def bench_hf(hf_model, encoded, tokens: int) -> list[float]:
-    import torch
-
-    def generate(ids, n):
-        with torch.no_grad():
-            return hf_model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                     max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
-
-    generate(encoded[0], 4)  # warm-up
-    rates = []
-    for ids in encoded:
-        start = time.perf_counter()
-        out = generate(ids, tokens)
-        seconds = time.perf_counter() - start
-        assert out.shape[1] - len(ids) == tokens
-        rates.append(tokens / seconds)
     return rates
 
 
@@ -83,7 +63,7 @@ def main(argv=None) -> int:
     weight_bytes = param_bytes(stacked_params(model.params, model.cfg))
     bound = bandwidth * 1e9 / weight_bytes
     jf = bench_jf(model, encoded, args.tokens)
-    hf = bench_hf(hf_model, encoded, args.tokens)
+    hf = transformers_rates(hf_model, encoded, args.tokens)
     jf_med, hf_med = statistics.median(jf), statistics.median(hf)
     report = {
         "model": model.name, "tokens": args.tokens, "prompts": len(PROMPTS), "threads": args.threads,

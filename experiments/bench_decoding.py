@@ -108,7 +108,7 @@ def main(argv=None) -> int:
 
 
 def markdown(report: dict, tuned_report: dict, args) -> str:
-    from jf_jax.decoding.stats_table import Column, render_table
+    from jf_jax.eval.stats_table import Column, render_table
     from jf_jax.tuning import tuner
 
     # A report saved before decoding.stats named TPF ``tpf`` holds it as ``tokens_per_forward`` (--render-only).

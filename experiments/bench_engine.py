@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench_ar import bench_hf  # experiments/ is on sys.path when run as a script
+from jf_jax.benchmarks.transformers_speed import transformers_rates
 from jf_jax.tuning.measure import read_bandwidth_gbs, step_weight_bytes
 
 PROMPTS = [  # not in any training or tuning set of the repository
@@ -111,8 +111,8 @@ def bench_dtype(dtype: str, args, bandwidth: float) -> dict:
 
 
 def markdown(report: dict) -> str:
-    """The report's tables; the decoding statistics under ``decoding.stats``' keys (``decoding.stats_table``)."""
-    from jf_jax.decoding.stats_table import Column, render_table
+    """The report's tables; the decoding statistics under ``decoding.stats``' keys (``eval.stats_table``)."""
+    from jf_jax.eval.stats_table import Column, render_table
 
     dtypes = list(report["dtypes"])
     lines = [f"Machine: {report['machine']}; read bandwidth {report['read_bandwidth_gbs']:.1f} GB/s; context "
@@ -173,8 +173,8 @@ def main(argv=None) -> int:
         encoded = api.encode_prompts(model, PROMPTS)
         hf = transformers_model_from_gguf(model.source, model.cfg.num_layers)
         report["transformers_tokens_per_second"] = {
-            "float32": statistics.median(bench_hf(hf, encoded, args.tokens)),
-            "bfloat16": statistics.median(bench_hf(hf.to(torch.bfloat16), encoded, args.tokens))}
+            "float32": statistics.median(transformers_rates(hf, encoded, args.tokens)),
+            "bfloat16": statistics.median(transformers_rates(hf.to(torch.bfloat16), encoded, args.tokens))}
     text = markdown(report)
     print(text)
     if args.json:

@@ -1,5 +1,5 @@
-"""experiments/bench_train_real.py, run as its user runs it: the same real examples timed at every recipe, whole
-batches only, and bad variants or too little data refused in one line."""
+"""The real-batch train-step bench (``jf_jax.benchmarks.train_real``), run as its user runs it: the same real
+examples timed at every recipe, whole batches only, and bad variants or too little data refused in one line."""
 
 import json
 import os
@@ -15,8 +15,8 @@ TINY_YAML = os.path.join(ROOT, "configs", "tiny.yaml")
 
 def _bench(*args: str):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "bench_train_real.py"), *args],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, "-m", "jf_jax.benchmarks.train_real", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture(scope="module")

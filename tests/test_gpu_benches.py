@@ -1,9 +1,10 @@
-"""The GPU benchmark scripts, run on the CPU as their user runs them, at tiny sizes: a lent GPU gets one shot, so
-their whole path (every section, the JSON, the closing table) must already have run somewhere.
+"""The GPU benchmarks, run on the CPU as their user runs them, at tiny sizes: a lent GPU gets one shot, so their
+whole path (every section, the JSON, the closing table) must already have run somewhere.
 
-``experiments/bench_gpu_decode.py --config tiny`` (bandwidth, bytes per step, AR and Jacobi with and without a fixed
-decode shape) and ``experiments/bench_attention.py --dry-run --backward`` (sparsity, and the forward + backward
-variants once in interpret mode at a tiny shape). Each takes 10-30 s on two cores: slow lane.
+``python -m jf_jax.benchmarks.gpu_decode --config tiny`` (bandwidth, bytes per step, AR and Jacobi with and
+without a fixed decode shape), ``python -m jf_jax.benchmarks.attention --dry-run --backward`` (sparsity, and the
+forward + backward variants once in interpret mode at a tiny shape) and the 7B parts (``jf_jax.benchmarks.gpu_7b``)
+at a 2-layer model. Each takes 10-30 s on two cores: slow lane.
 """
 
 import json
@@ -16,9 +17,10 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _run(script: str, *args: str) -> subprocess.CompletedProcess:
+def _run(benchmark: str, *args: str) -> subprocess.CompletedProcess:
+    """``python -m jf_jax.benchmarks.BENCHMARK ARGS`` (what the experiments/ scripts of the same name call)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([sys.executable, os.path.join(ROOT, "experiments", script), *args], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", f"jf_jax.benchmarks.{benchmark}", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
 
 
@@ -27,7 +29,7 @@ def test_decode_bench_runs_every_section_at_a_tiny_size(tmp_path):
     from jf_jax.model.params import abstract_params, count_params
 
     out = tmp_path / "decode.json"
-    proc = _run("bench_gpu_decode.py", "--config", "tiny", "--tokens", "8", "--repeats", "2", "--bandwidth-mib", "8",
+    proc = _run("gpu_decode", "--config", "tiny", "--tokens", "8", "--repeats", "2", "--bandwidth-mib", "8",
                 "--decode-shapes", "none,1x16", "--json", str(out))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -57,7 +59,7 @@ def test_decode_bench_runs_every_section_at_a_tiny_size(tmp_path):
 @pytest.mark.slow
 def test_attention_bench_dry_run_exercises_the_backward_path(tmp_path):
     out = tmp_path / "attention.json"
-    proc = _run("bench_attention.py", "--dry-run", "--backward", "--json", str(out))
+    proc = _run("attention", "--dry-run", "--backward", "--json", str(out))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "mask density" in proc.stdout and "Traceback" not in proc.stderr
     report = json.loads(out.read_text())
@@ -75,9 +77,9 @@ def test_attention_bench_dry_run_exercises_the_backward_path(tmp_path):
 
 @pytest.mark.slow
 def test_gpu_7b_script_runs_every_section_at_a_tiny_size(tmp_path):
-    """experiments/gpu_7b.py's decode and train parts at a 2-layer model: every section has a result, the padded
+    """The 7B bench's decode and train parts at a 2-layer model: every section has a result, the padded
     decoders equal AR, and the train step's ahead-of-time memory analysis counts at least its state."""
-    proc = _run("gpu_7b.py", "decode", "--config", "tiny", "--out", str(tmp_path), "--bandwidth-mib", "8",
+    proc = _run("gpu_7b", "decode", "--config", "tiny", "--out", str(tmp_path), "--bandwidth-mib", "8",
                 "--context", "24", "--tokens", "12", "--sizes", "1,4,8", "--block-size", "4", "--latency-repeats", "2",
                 "--repeats", "2", "--ar-batch", "2")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -89,7 +91,7 @@ def test_gpu_7b_script_runs_every_section_at_a_tiny_size(tmp_path):
     assert decode["lossless_fixed_shape"]["result"]["decode_shape"] == "4x8"  # mr (4, 2, 4) covers the others
     assert runs["jacobi"]["equal_to_ar"] == runs["mr"]["equal_to_ar"] == [True, True]
 
-    proc = _run("gpu_7b.py", "train", "--config", "tiny", "--out", str(tmp_path), "--row-len", "96", "--prompt-len",
+    proc = _run("gpu_7b", "train", "--config", "tiny", "--out", str(tmp_path), "--row-len", "96", "--prompt-len",
                 "16", "--train-blocks", "4", "--train-block", "8", "--steps", "1")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     train = json.loads((tmp_path / "train.json").read_text())["sections"]

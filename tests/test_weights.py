@@ -320,5 +320,6 @@ def test_failed_or_partial_saves_are_never_trusted(tmp_path, monkeypatch):
 def test_runtime_modules_do_not_import_torch_or_transformers():
     code = ("import sys, jf_jax.weights, jf_jax.weights.tokenizer; "
             "bad = [m for m in ('torch', 'transformers') if m in sys.modules]; assert not bad, bad")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), *sys.path]))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
