@@ -1,6 +1,6 @@
 """The evaluation's loop-aware statistics: the 4-gram repeat fraction, the loop rule, the bootstrap interval of
 mean TPF, the summaries with and without looping answers, and the one table renderer (``decoding.stats``,
-``decoding.answer_quality``, ``decoding.stats_table``), each against hand-made cases."""
+``eval.answer_quality``, ``eval.stats_table``), each against hand-made cases."""
 
 import numpy as np
 import pytest

@@ -67,7 +67,7 @@ def mean_losses(run_dir: str, last: int) -> dict:
 
 
 def markdown(rows: list[dict], header: str) -> str:
-    """The variants' table (``decoding.stats_table``): the statistics under the schema's headers, then this
+    """The variants' table (``eval.stats_table``): the statistics under the schema's headers, then this
     study's own columns. Rows resumed from an older OUT.jsonl lack the loop fields: those cells read "-"."""
     from jf_jax.decoding.stats import match_fraction
     from jf_jax.eval.stats_table import Column, render_table

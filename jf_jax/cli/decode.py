@@ -216,7 +216,7 @@ def check_writable(path: Path) -> None:
 
 
 def format_table(runs: list[dict], summary: dict) -> str:
-    """Each run's statistics, then each method's summary (``decoding.stats_table``: the schema's headers)."""
+    """Each run's statistics, then each method's summary (``eval.stats_table``: the schema's headers)."""
     per_run = [dict(r["stats"], method=r["method"], prompt_index=r["prompt_index"]) for r in runs]
     # A batched prompt's stats have no seconds of their own: its timing cells read "-".
     lines = [stats_table.render_table(per_run, ["method", Column("prompt_index", "prompt", "d"), "tokens",

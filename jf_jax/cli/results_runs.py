@@ -35,7 +35,7 @@ class MethodSpeed:
     x_ar: float | None  # tokens/s over AR's in the same process, prefill counted; None when not recorded
     match_ar: float | None  # fraction of prompts whose tokens equal AR's
     prompts: int | None = None
-    looping: int | None = None  # answers that loop (decoding.answer_quality's rule); None when not recorded
+    looping: int | None = None  # answers that loop (eval.answer_quality's rule); None when not recorded
     tpf_without_loops: float | None = None  # TPF over the answers that do not loop (None: unknown or all loop)
 
     @property

@@ -2,7 +2,7 @@
 
 Every consumer reads these, under these key names and no others: the decoders' ``GenerationResult.stats``, the
 CLI's summary table and JSON, the evaluation, the ablations, the tuner's TPF grid and the benchmarks; their tables
-are drawn by ``decoding.stats_table`` from the same keys. Definitions (docs/method.md, section 8):
+are drawn by ``eval.stats_table`` from the same keys. Definitions (docs/method.md, section 8):
 
 * ``tpf`` (tokens per forward) = generated tokens / model forwards, the prefill counted as one forward; over
   prompts, the ratio of the sums (``tpf``) and the mean of the per-prompt ratios (``mean_tpf``);
@@ -12,7 +12,7 @@ are drawn by ``decoding.stats_table`` from the same keys. Definitions (docs/meth
 * iterations per block (forwards after the prefill spent on each block) and the histogram of tokens accepted per
   iteration, pooled over prompts;
 * method counters (recycling rounds and wins, spawns, promotions), summed;
-* for answers scored by ``decoding.answer_quality`` (``repeat_fraction``, ``loops``): ``loop_rate`` and
+* for answers scored by ``eval.answer_quality`` (``repeat_fraction``, ``loops``): ``loop_rate`` and
   ``mean_repeat_fraction``; ``summarize_with_loops`` adds ``mean_tpf_ci95``, the seeded bootstrap 95% interval
   of ``mean_tpf``, and the same summary over the answers that do not loop (``without_loops``).
 """
@@ -109,7 +109,7 @@ def summarize(per_prompt: Sequence[Mapping], *, seconds: float | None = None,
         width = max(len(h) for h in hists)
         out["accepted_per_iteration_histogram"] = [int(x) for x in
                                                    np.sum([np.pad(h, (0, width - len(h))) for h in hists], axis=0)]
-    if all("loops" in p for p in per_prompt):  # answers scored by decoding.answer_quality
+    if all("loops" in p for p in per_prompt):  # answers scored by eval.answer_quality
         out["loop_rate"] = statistics.fmean(bool(p["loops"]) for p in per_prompt)
         out["mean_repeat_fraction"] = statistics.fmean(p["repeat_fraction"] for p in per_prompt)
     return out
@@ -131,7 +131,7 @@ def bootstrap_mean_interval(values: Sequence[float], *, resamples: int = BOOTSTR
 
 def summarize_with_loops(per_prompt: Sequence[Mapping]) -> dict:
     """``summarize`` of prompts timed one at a time whose records carry ``repeat_fraction`` and ``loops``
-    (``decoding.answer_quality``), with ``mean_tpf_ci95`` (``bootstrap_mean_interval`` of the per-prompt TPF),
+    (``eval.answer_quality``), with ``mean_tpf_ci95`` (``bootstrap_mean_interval`` of the per-prompt TPF),
     and under ``without_loops`` the same over the answers that do not loop (None when every answer loops)."""
 
     def with_interval(records):
