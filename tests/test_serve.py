@@ -127,7 +127,8 @@ def test_concurrent_staggered_requests_get_solo_ar_tokens(server, model):
     step = engine._step
 
     def spy():  # how many sampling lanes each step of the batch ran; slowed so that the requests overlap
-        lanes_seen.append(len({h.request.sampling for h in engine.slots if h is not None}))
+        (group,) = engine.groups.values()
+        lanes_seen.append(len({h.request.sampling for h in group.slots if h is not None}))
         time.sleep(0.01)
         step()
 

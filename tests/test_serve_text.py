@@ -1,10 +1,13 @@
 """The server's pure pieces without a server: streamed text and stop strings (``serving.text``), request checks
 (``serving.protocol``), the layout of a batch (``serving.batch``) and the command's options."""
 
+import dataclasses
+
 import pytest
 
+from jf_jax.decoding.common import GenerationError
 from jf_jax.decoding.sampling import Sampling
-from jf_jax.serving.batch import BatchConfig, plan_layout
+from jf_jax.serving.batch import BatchConfig, ServedMethod, plan_layout
 from jf_jax.serving.command import build_parser, engine_config, model_name
 from jf_jax.serving.protocol import APIError, Served, parse_request
 from jf_jax.serving.text import TextStream, held_back, tokens_through_stop
@@ -46,8 +49,8 @@ def test_held_back_and_tokens_through_stop():
     assert tokens_through_stop(decode, ids("abc"), ["zz"]) == 3
 
 
-SERVED = Served(model="tiny", aliases=("/m/tiny.gguf",), method="jacobi", block_size=8, max_context=32,
-                vocab_size=12, encode=ids, render_chat=lambda ms: "".join(m["content"] for m in ms))
+SERVED = Served(model="tiny", aliases=("/m/tiny.gguf",), methods=(ServedMethod("jacobi", 8),), block_size=8,
+                max_context=32, vocab_size=12, encode=ids, render_chat=lambda ms: "".join(m["content"] for m in ms))
 
 
 def test_neutral_values_of_unsupported_fields_are_accepted():
@@ -84,3 +87,66 @@ def test_command_options():
     assert model_name("/x/y/tiny.gguf") == "tiny" and model_name("smollm2-135m") == "smollm2-135m"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--sampling", "hot"])
+
+
+SEVERAL = dataclasses.replace(SERVED, methods=(ServedMethod("jacobi", 8), ServedMethod("ar", 1),
+                                               ServedMethod("mr", 8), ServedMethod("jacobi", 16)))
+
+
+@pytest.mark.parametrize("fields, method", [
+    ({}, ServedMethod("jacobi", 8)),  # neither field: the default pair
+    ({"method": "ar"}, ServedMethod("ar", 1)),
+    ({"method": "ar", "block_size": 1}, ServedMethod("ar", 1)),
+    ({"block_size": 16}, ServedMethod("jacobi", 16)),  # the default method at another block size
+    ({"method": "mr"}, ServedMethod("mr", 8)),  # another method at the default block size
+    ({"method": "jacobi", "block_size": 8}, ServedMethod("jacobi", 8)),
+])
+def test_a_request_picks_a_served_method_and_block_size(fields, method):
+    assert parse_request({"prompt": "abc", **fields}, "completion", SEVERAL, default_seed=0).method == method
+
+
+@pytest.mark.parametrize("fields, status, param, says", [
+    ({"method": "beam"}, 400, "method", "jacobi/8, ar, mr/8, jacobi/16"),  # the message lists what is served
+    ({"method": "mr", "block_size": 16}, 400, "block_size", "mr/8"),
+    ({"block_size": 4}, 400, "block_size", "jacobi/16"),
+    ({"method": "ar", "block_size": 8}, 400, "block_size", "one token per forward"),
+    ({"method": 3}, 422, "method", "a string"),
+    ({"block_size": "8"}, 422, "block_size", "an integer"),
+    ({"block_size": True}, 422, "block_size", "an integer"),
+])
+def test_a_pair_that_is_not_served_is_refused_by_field(fields, status, param, says):
+    with pytest.raises(APIError) as e:
+        parse_request({"prompt": "abc", **fields}, "completion", SEVERAL, default_seed=0)
+    assert (e.value.status, e.value.param) == (status, param) and says in e.value.message
+
+
+def test_served_pairs_from_the_options():
+    args = build_parser().parse_args(["--method", "jacobi", "--methods", "ar,mr", "--block-sizes", "4,8",
+                                      "--drain-seconds", "2"])
+    config = engine_config(args)
+    assert [m.describe() for m in config.served] == ["jacobi/8", "jacobi/4", "ar", "mr/8", "mr/4"]
+    assert config.batch.served_method == ServedMethod("jacobi", 8)  # --method / --block-size: the default
+    ar_default = engine_config(build_parser().parse_args(["--method", "ar", "--methods", "jacobi"]))
+    assert [m.describe() for m in ar_default.served] == ["ar", "jacobi/8"]
+    assert engine_config(build_parser().parse_args([])).served == (ServedMethod("jacobi", 8),)
+
+
+@pytest.mark.parametrize("argv", [["--methods", "beam"], ["--methods", ""], ["--block-sizes", "8,x"]])
+def test_bad_method_options_are_refused_by_the_parser(argv):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(argv)
+
+
+@pytest.mark.parametrize("argv, says", [(["--block-sizes", "0"], "block_size"),
+                                        (["--drain-seconds", "-1"], "--drain-seconds"),
+                                        (["--drain-seconds", "nan"], "--drain-seconds")])
+def test_bad_method_values_are_refused_before_loading(argv, says):
+    with pytest.raises(GenerationError, match=says):
+        engine_config(build_parser().parse_args(argv))
+
+
+def test_served_method_checks_its_pair():
+    assert ServedMethod.of("ar", 16) == ServedMethod("ar", 1) and ServedMethod("mr", 4).describe() == "mr/4"
+    for method, block in (("ar", 8), ("beam", 4), ("jacobi", 0)):
+        with pytest.raises(GenerationError):
+            ServedMethod(method, block)

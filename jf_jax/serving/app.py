@@ -1,18 +1,31 @@
-"""The HTTP face of the engine: an ASGI (Starlette) app with OpenAI's routes, /health and /metrics.
+"""The HTTP face of the engine: an ASGI (Starlette) app with OpenAI's routes, /health and /metrics, and the uvicorn
+server that runs it and drains the engine on exit signals.
 
 Handlers never decode: they check the request (``serving.protocol``), queue it (``Engine.submit``) and relay the
 engine's events, as one JSON body or as server-sent events (``data: {...}`` chunks, then ``data: [DONE]``). A client
 that goes away is noticed by Starlette (its disconnect cancels the streaming task; a non-streamed request polls for
 it) and its row is freed at the scheduler's next iteration.
+
+Shutdown (``DrainingServer``): on the first SIGTERM or SIGINT the engine stops admitting (``Engine.drain``: a
+request that still reaches it gets 503 with code ``shutdown``) and uvicorn closes its listener, then waits for the
+open responses. The running and queued requests decode to their end; what is left when the drain time is over gets
+a 503 error event (a stream ends with an error chunk and ``data: [DONE]``, a plain request with the 503 body), so
+every response ends well-formed. A second signal cancels what is left at once. uvicorn's own handling would
+re-raise the signal once it has shut down, so that its default action ends the process (status 143 for SIGTERM);
+here the drain is the orderly end, so the signal is handled and not re-raised and the command returns 0.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
+import signal
+import threading
 import time
 
+import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -26,6 +39,10 @@ from jf_jax.serving.responses import DONE, Header, chunk_body, completion_body, 
 
 log = logging.getLogger("jf_jax.serve")
 DISCONNECT_POLL_S = 0.5
+DRAIN_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+SLOW_CLIENT_GRACE_S = 5.0
+"""How long past the drain time uvicorn waits for responses still being sent (a client that stopped reading)
+before it cancels them: the backstop that bounds the shutdown whatever the clients do."""
 
 
 def error_response(error: APIError) -> JSONResponse:
@@ -43,8 +60,10 @@ def create_app(engine: Engine, served: Served) -> Starlette:
         return JSONResponse({"status": status, "detail": engine.failure}, status_code=503)
 
     async def models(request: Request) -> Response:
+        default = served.methods[0]
         card = {"id": served.model, "object": "model", "created": created, "owned_by": "jf-jax",
-                "max_model_len": served.max_context, "method": served.method, "block_size": served.block_size}
+                "max_model_len": served.max_context, "method": default.method, "block_size": default.block_size,
+                "methods": [{"method": m.method, "block_size": m.block_size} for m in served.methods]}
         return JSONResponse({"object": "list", "data": [card]})
 
     async def metrics(request: Request) -> Response:
@@ -124,3 +143,28 @@ def create_app(engine: Engine, served: Served) -> Starlette:
               Route("/v1/completions", completions, methods=["POST"]),
               Route("/v1/chat/completions", chat, methods=["POST"])]
     return Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error})
+
+
+class DrainingServer(uvicorn.Server):
+    """A uvicorn server whose exit signals drain ``engine`` for up to ``drain_seconds``."""
+
+    def __init__(self, config: uvicorn.Config, engine: Engine, drain_seconds: float):
+        config.timeout_graceful_shutdown = drain_seconds + SLOW_CLIENT_GRACE_S
+        super().__init__(config)
+        self.engine, self.drain_seconds = engine, drain_seconds
+
+    def handle_exit(self, sig, frame) -> None:
+        self.engine.drain(0.0 if self.should_exit else self.drain_seconds)
+        self.should_exit = True
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+            yield
+            return
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in DRAIN_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)

@@ -45,8 +45,35 @@ MAX_ROWS = 256
 
 
 @dataclasses.dataclass(frozen=True)
+class ServedMethod:
+    """One (method, block size) pair a server decodes with. Each pair has its own slots and programs: the decoders'
+    loop states differ in structure between methods and in shape between block sizes, so rows of two pairs cannot
+    share one batch state."""
+
+    method: str
+    block_size: int
+    """Jacobi / mr block size; AR's is 1 (it decodes one token per forward)."""
+
+    def __post_init__(self):
+        if self.method not in SERVED_METHODS:
+            raise GenerationError(f"method must be one of {', '.join(SERVED_METHODS)}, got {self.method!r}")
+        check_int("block_size", self.block_size, 1, MAX_BLOCK_SIZE)
+        if self.method == "ar" and self.block_size != 1:
+            raise GenerationError(f"ar decodes one token per forward: its block size is 1, got {self.block_size}")
+
+    @classmethod
+    def of(cls, method: str, block_size: int) -> "ServedMethod":
+        """The pair a method runs with ``block_size`` (AR ignores it)."""
+        return cls(method, 1 if method == "ar" else block_size)
+
+    def describe(self) -> str:
+        return self.method if self.method == "ar" else f"{self.method}/{self.block_size}"
+
+
+@dataclasses.dataclass(frozen=True)
 class BatchConfig:
-    """What a server decodes with: one method and block size for the whole batch, B rows, the context."""
+    """What one batch decodes with: a method and block size, B rows, the context. A server runs one batch per
+    ``ServedMethod`` it serves (``for_method``); this one's method and block size are the server's default."""
 
     method: str = "jacobi"
     block_size: int = 8
@@ -63,9 +90,8 @@ class BatchConfig:
     """The narrowest prefill; fewer buckets compile sooner, more waste less on short prompts."""
 
     def __post_init__(self):
-        if self.method not in SERVED_METHODS:
-            raise GenerationError(f"method must be one of {', '.join(SERVED_METHODS)}, got {self.method!r}")
-        check_int("block_size", self.block_size, 1, MAX_BLOCK_SIZE)
+        ServedMethod.of(self.method, self.block_size)  # checks both
+        check_int("block_size", self.block_size, 1, MAX_BLOCK_SIZE)  # AR's too: it is the others' default
         check_int("max_batch", self.max_batch, 1, MAX_ROWS)
         check_int("max_context", self.max_context, 2, 2**20)
         check_int("num_blocks", self.num_blocks, 1, MAX_NUM_BLOCKS)
@@ -78,6 +104,14 @@ class BatchConfig:
     def block(self) -> int:
         """The block size the decoder runs (AR decodes one token per forward whatever ``block_size`` says)."""
         return 1 if self.method == "ar" else self.block_size
+
+    @property
+    def served_method(self) -> ServedMethod:
+        return ServedMethod.of(self.method, self.block_size)
+
+    def for_method(self, pair: ServedMethod) -> "BatchConfig":
+        """This configuration decoding with ``pair`` (the other options are shared by every pair of a server)."""
+        return dataclasses.replace(self, method=pair.method, block_size=pair.block_size)
 
     def run_options(self) -> dict:
         """The options ``api.generate`` would take for this method (for ``api.run_shape``)."""

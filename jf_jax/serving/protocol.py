@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 
 from jf_jax.decoding.common import MAX_SEED, GenerationError
 from jf_jax.decoding.sampling import Sampling
+from jf_jax.serving.batch import ServedMethod
 
 
 class APIError(Exception):
@@ -33,13 +34,15 @@ class APIError(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class Served:
-    """What a request is checked against: the server's model names, method and context."""
+    """What a request is checked against: the server's model names, (method, block size) pairs and context."""
 
     model: str
     """The name /v1/models lists; ``aliases`` are accepted too (e.g. the --model spec as given)."""
     aliases: tuple[str, ...]
-    method: str
+    methods: tuple[ServedMethod, ...]
+    """The pairs served, the default (a request naming neither ``method`` nor ``block_size``) first."""
     block_size: int
+    """The block size of a request that names a method but no ``block_size`` (--block-size)."""
     max_context: int
     vocab_size: int
     encode: Callable[[str], list[int]]
@@ -58,6 +61,7 @@ class GenerationRequest:
     max_tokens: int
     sampling: Sampling
     seed: int
+    method: ServedMethod
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False
@@ -127,16 +131,28 @@ def check_model(body: dict, served: Served) -> None:
                        "model_not_found")
 
 
-def check_method(body: dict, served: Served) -> None:
-    """The extension fields ``method`` and ``block_size`` may only name what the running batch decodes with."""
-    method = _typed(body, "method", (str,), "a string", served.method)
-    if method != served.method:
-        raise APIError(400, f"method {method!r}: this server decodes every request with {served.method!r} (its "
-                            f"--method); start a server with --method {method} for it", "method", "unsupported_value")
-    block = _typed(body, "block_size", (int,), "an integer", served.block_size)
-    if block != served.block_size:
-        raise APIError(400, f"block_size {block}: this server's batch runs block size {served.block_size} (its "
-                            "--block-size)", "block_size", "unsupported_value")
+def check_method(body: dict, served: Served) -> ServedMethod:
+    """The pair the extension fields ``method`` and ``block_size`` name: ``method`` defaults to the default pair's,
+    ``block_size`` to ``served.block_size`` (AR's is 1: it may only be 1 or absent). 400 for a pair not served,
+    naming the field that leaves the served ones and listing them."""
+    default = served.methods[0]
+    method = _typed(body, "method", (str,), "a string", default.method)
+    block = _typed(body, "block_size", (int,), "an integer")
+    listed = ", ".join(m.describe() for m in served.methods)
+    if method not in {m.method for m in served.methods}:
+        raise APIError(400, f"method {method!r} is not served here; this server serves {listed} (jf-jax serve "
+                            "--methods, --block-sizes)", "method", "unsupported_value")
+    if method == "ar":
+        if block not in (None, 1):
+            raise APIError(400, f"block_size {block}: ar decodes one token per forward, so its block_size is 1 (or "
+                                "absent)", "block_size", "invalid_value")
+        return ServedMethod("ar", 1)
+    block = served.block_size if block is None else block
+    pair = next((m for m in served.methods if (m.method, m.block_size) == (method, block)), None)
+    if pair is None:
+        raise APIError(400, f"block_size {block} is not served with {method}; this server serves {listed} (jf-jax "
+                            "serve --methods, --block-sizes)", "block_size", "unsupported_value")
+    return pair
 
 
 def chat_prompt(body: dict, served: Served) -> str:
@@ -246,7 +262,7 @@ def parse_request(body: dict[str, Any], kind: str, served: Served, default_seed:
     ("chat") body; ``default_seed`` seeds a sampled request that names none (OpenAI's unseeded sampling varies)."""
     check_fields(body, kind)
     check_model(body, served)
-    check_method(body, served)
+    method = check_method(body, served)
     stream = _typed(body, "stream", (bool,), "a boolean", False)
     options = _typed(body, "stream_options", (dict,), "an object", {})
     if set(options) - {"include_usage"}:
@@ -266,5 +282,5 @@ def parse_request(body: dict[str, Any], kind: str, served: Served, default_seed:
     if seed is None:  # greedy: the seed only draws the drafts, so 0 as in ``api.generate`` (reproducible speed)
         seed = 0 if sampling.is_greedy else default_seed
     return GenerationRequest(kind=kind, prompt=tuple(prompt), max_tokens=max_tokens, sampling=sampling,
-                             seed=seed, stop=stop, stream=stream,
+                             seed=seed, method=method, stop=stop, stream=stream,
                              include_usage=include_usage, return_token_ids=return_ids)
