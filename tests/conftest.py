@@ -85,7 +85,7 @@ def avx2_gemm_runs_here():
 
 SLOW_FILES_FIRST = ("test_notebooks.py", "test_real_smollm2_decoding.py", "test_cached_attention.py", "test_cli.py",
                     "test_model_families.py", "test_sampling.py", "test_real_smollm2_logits.py",
-                    "test_multiprocess.py", "test_data_scale_study.py", "test_batched_recording.py")
+                    "test_multiprocess.py", "test_study.py", "test_batched_recording.py")
 """The longest files (1-5 min each), first: xdist deals the first files out in turn (the notebooks' 3-minute
 training test, which cannot be split, starts at once) and the short files then fill whichever worker is free."""
 

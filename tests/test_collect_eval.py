@@ -168,8 +168,9 @@ def test_collect_repetition_filter(tmp_path, monkeypatch):
 
 
 def test_evaluate_model_and_markdown(tmp_path):
-    from jf_jax.cli.evaluate import evaluate_model, markdown
-    from jf_jax.decoding.answer_quality import repeat_fraction
+    from jf_jax.eval.answer_quality import repeat_fraction
+    from jf_jax.eval.evaluation import evaluate_model
+    from jf_jax.eval.report import markdown
 
     model = FakeModel()
     res = evaluate_model("tiny", {"held": ROWS[:2], "seen": ROWS[2:3]}, ROWS[:2], methods=["ar", "mr"],
@@ -209,7 +210,8 @@ def test_evaluate_model_and_markdown(tmp_path):
 
 def test_evaluate_cli_refuses_an_unwritable_out_before_loading_a_model(tmp_path, monkeypatch, capsys):
     import jf_jax.api
-    from jf_jax.cli.evaluate import main, out_error
+    from jf_jax.cli.evaluate import main
+    from jf_jax.cli.evaluate_options import out_error
 
     monkeypatch.setattr(jf_jax.api, "load_model", _no_model)
     prompts = tmp_path / "held.jsonl"
@@ -241,9 +243,9 @@ def test_evaluate_cli_refuses_two_prompt_sets_of_one_name(tmp_path, monkeypatch,
 def test_humaneval_answer_nll_scores_the_solution_tokens_and_ignores_padding():
     import jax
 
-    from jf_jax.cli.evaluate import humaneval_answer_nll
     from jf_jax.api import encode_prompts
     from jf_jax.data.humaneval import humaneval_prompt
+    from jf_jax.eval.quality import humaneval_answer_nll
     from jf_jax.model.transformer import forward_logits
 
     model = FakeModel()
@@ -267,8 +269,9 @@ def test_humaneval_answer_nll_scores_the_solution_tokens_and_ignores_padding():
 def test_evaluate_cli_scores_humaneval_solutions_without_decoding(tmp_path, monkeypatch):
     """--humaneval-nll K alone: the first K solutions' NLL, no answer decoded or executed."""
     import jf_jax.api
-    from jf_jax.cli.evaluate import humaneval_answer_nll, main
+    from jf_jax.cli.evaluate import main
     from jf_jax.data import humaneval as he
+    from jf_jax.eval.quality import humaneval_answer_nll
 
     problems = [dict(task_id=f"T/{i}", prompt=f"\ndef f{i}(x):\n    'doc'\n", canonical_solution=f"    return {i}\n")
                 for i in range(3)]
@@ -327,7 +330,7 @@ def test_weights_load_run_dir_without_base_is_refused(tmp_path):
 
 def test_base_model_spec_inherited(tmp_path):
     from jf_jax.training.config import config_from_dict
-    from jf_jax.training.loop import base_model_spec
+    from jf_jax.training.setup import base_model_spec
 
     parent = tmp_path / "r1"
     _export_tiny_run(parent, base="smollm2-135m")
@@ -390,45 +393,42 @@ def test_configs_load(name):
 
 
 @pytest.mark.parametrize("mode", ["n16", "n16_b4", "n16_r2", "n16_b4_r2", "n16_b4_r3", "n16_b4_r4"])
-def test_run_script_collects_where_its_config_reads(mode):
-    """run_smollm2.sh's collection directories, parent model and config agree with the config it trains."""
-    import subprocess
-
+def test_each_round_study_collects_what_its_config_trains_on(mode):
+    """configs/studies/smollm2_MODE.yaml collects at its config's block size with the model its config continues
+    from, and trains the run the next round's config starts from (runs/<run_name>)."""
+    from jf_jax.pipeline.spec import read_study
     from jf_jax.training.config import load_config
 
-    script = open("experiments/run_smollm2.sh").read()
-    setup = script[script.index("  CONFIG=configs/smollm2_jf_"):script.index("  esac\n") + len("  esac\n")]
-    out = subprocess.run(["bash", "-c", f"MODE={mode}\n{setup}echo $COLLECTOR $N $TRAJ $CONFIG $EXTRA"],
-                         capture_output=True, text=True, check=True).stdout.split()
-    collector, n, traj, config, extra = out
-    cfg = load_config(config)
-    assert config == f"configs/smollm2_jf_{mode}.yaml"
-    dirs = [f"{traj}_w0", f"{traj}_w1"] + ([f"{traj}_extra_w0", f"{traj}_extra_w1"] if extra == "1" else [])
-    assert list(cfg.data.path) == dirs and cfg.data.block_size == int(n)
-    assert (extra == "1") == (mode == "n16_b4_r4")
-    assert collector == ("smollm2-135m" if cfg.model.source == "pretrained" else cfg.model.path)
+    study = read_study(f"configs/studies/smollm2_{mode}.yaml")
+    cfg = load_config(study.train.config)
+    assert study.train.config == f"configs/smollm2_jf_{mode}.yaml" and study.name == cfg.run_name
+    assert study.results == f"results/{cfg.run_name}" and [a.run_dir for a in study.arms] == [f"runs/{cfg.run_name}"]
+    assert dict(study.collect.options)["block-size"] == cfg.data.block_size
+    assert study.collect.model == ("smollm2-135m" if cfg.model.source == "pretrained" else cfg.model.path)
+    sources = [s.prompts for s in study.collect.sources]
+    assert sources == ["train_v1.jsonl"] + (["train_extra.jsonl"] if mode == "n16_b4_r4" else [])
 
 
-def _run_study(script: str, *args: str):
-    """An experiments/ study run as its user runs it (a script, not an import: no test imports experiments/)."""
+def _run_study(module: str, *args: str):
+    """A study run as its user runs it: ``python -m jf_jax.benchmarks.MODULE ARGS`` in a process of its own."""
     import subprocess
     import sys
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([sys.executable, os.path.join(root, "experiments", script), *args], cwd=root, env=env,
+    return subprocess.run([sys.executable, "-m", f"jf_jax.benchmarks.{module}", *args], cwd=root, env=env,
                           capture_output=True, text=True, timeout=600)
 
 
 @pytest.mark.parametrize("bad", ["no colon here", ": x=1", "base: x=1", "a/b: x=1"])
 def test_ablation_refuses_a_bad_variant_in_one_line(bad, tmp_path):
-    proc = _run_study("ablate.py", "configs/tiny.yaml", "--steps", "1", "--prompts", str(tmp_path / "none.jsonl"),
+    proc = _run_study("ablation", "configs/tiny.yaml", "--steps", "1", "--prompts", str(tmp_path / "none.jsonl"),
                       "--out", str(tmp_path / "out"), "--variant", bad)
     assert proc.returncode == 2 and "NAME" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
 _ABLATION_TABLE = (
-    "# {title}  (the layout experiments/ablate.py writes)\n\n"
+    "# {title}  (the layout jf_jax.benchmarks.ablation writes)\n\n"
     "| variant | overrides | TPF | vs base | TPF (mean/prompt) | mean TPF 95% interval | loop rate "
     "| TPF (mean/prompt) without loops | loss/ar | loss/consistency | train s | same as base | HumanEval NLL |\n"
     "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
@@ -440,19 +440,19 @@ _ABLATION_TABLE = (
 def test_lever_tradeoff_plot_reads_ablation_tables(tmp_path):
     a, b, plain = tmp_path / "a.md", tmp_path / "b.md", tmp_path / "plain.md"
     a.write_text(_ABLATION_TABLE.format(title="a", base_tpf="1.000"))
-    proc = _run_study("plot_levers.py", str(a), str(a), "--out", str(tmp_path / "t.png"))
+    proc = _run_study("lever_plot", str(a), str(a), "--out", str(tmp_path / "t.png"))
     assert proc.returncode == 0 and (tmp_path / "t.png").stat().st_size, proc.stderr
     b.write_text(_ABLATION_TABLE.format(title="b", base_tpf="1.500"))
-    proc = _run_study("plot_levers.py", str(a), str(b), "--out", str(tmp_path / "u.png"))
+    proc = _run_study("lever_plot", str(a), str(b), "--out", str(tmp_path / "u.png"))
     assert proc.returncode == 2 and "base rows differ" in proc.stderr  # measured differently: refused, not drawn
     plain.write_text("\n".join(line.rsplit("|", 2)[0] + "|" if line.startswith("|") else line
                                for line in _ABLATION_TABLE.format(title="p", base_tpf="1.000").splitlines()))
-    proc = _run_study("plot_levers.py", str(plain), "--out", str(tmp_path / "v.png"))
+    proc = _run_study("lever_plot", str(plain), "--out", str(tmp_path / "v.png"))
     assert proc.returncode == 2 and "no HumanEval NLL column" in proc.stderr
 
 
 def test_code_quality_checks():
-    from jf_jax.cli.code_quality import check_answer, function_name
+    from jf_jax.eval.code_quality import check_answer, function_name
 
     assert function_name("Write a Python function `wrap(text, width=70)` that does") == "wrap"
     good = "Sure:\n```python\ndef wrap(text, width=70):\n    return [text]\n```\n"

@@ -22,11 +22,12 @@ RANKS = {
     "jf_jax.api": 5, "jf_jax.flax": 5, "jf_jax": 5,  # the package's __init__ re-exports the api
     "jf_jax.eval": 6,  # evaluation as library code: over the api, under the commands that report it
     "jf_jax.cli": 7, "jf_jax.serving": 7,  # the server engine: beside the cli, over the api and the decoders
+    "jf_jax.pipeline": 7,  # the study runner: runs the commands as subprocesses, reads their outputs
     # the entry modules: python -m jf_jax[.COMMAND]
     "jf_jax.__main__": 8, "jf_jax.decode": 8, "jf_jax.prompts": 8, "jf_jax.collect": 8, "jf_jax.train": 8,
     "jf_jax.evaluate": 8, "jf_jax.doctor": 8, "jf_jax.export": 8, "jf_jax.tune": 8, "jf_jax.results": 8,
     "jf_jax.plan": 8,
-    "jf_jax.serve": 8,
+    "jf_jax.serve": 8, "jf_jax.study": 8,
     "jf_jax.benchmarks": 8,  # the benchmarks and studies: python -m jf_jax.benchmarks.NAME (experiments/ calls them)
 }
 PACKAGES = ("jf_jax", "pallas_kernels", "cpu_kernels")

@@ -20,6 +20,7 @@ COMMANDS = {
     "serve": ("jf_jax.serving.command", "an OpenAI-compatible server: continuous batching, lossless Jacobi inside"),
     "doctor": ("jf_jax.cli.doctor", "what this machine gives jf-jax: backend, CPU features, kernels, dtype paths"),
     "results": ("jf_jax.cli.results", "regenerate docs/results.md (and README's results table) from results/<run>/"),
+    "study": ("jf_jax.pipeline.command", "run a study file: prompts -> collect -> train -> evaluate (resumable)"),
 }
 """command -> (module with ``main(argv) -> int``, one line of help), in pipeline order."""
 

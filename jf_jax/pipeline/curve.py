@@ -1,13 +1,15 @@
-"""The learning curve of the data-scale study (experiments/data_scale.py) from its evaluations.
+"""The learning curve of a study trained at several sizes (``report: curve``), from its evaluations.
 
-    python experiments/data_scale_report.py results/studies/data_scale/cpu
+Reads every ``eval_<arm>_<size>.json`` (``jf-jax evaluate`` output) of a results folder, with its
+``nll_<arm>_<size>.json`` or ``humaneval_<arm>_<size>.json`` where there is one, and ``responses.json`` (size ->
+responses kept), and writes ``curve.json``, ``curve.md`` and ``curve.png``: per (arm, responses) the held-out TPF of
+jacobi and mr without looping answers (mean per prompt, with its bootstrap 95% interval), the loop rate, TPF on
+training prompts, the NLL of HumanEval's canonical solutions (quality), and per arm and method the least-squares
+slope of TPF against log2(responses) with what it predicts at 10,000 responses.
 
-Reads every ``eval_<arm>_<size>.json`` (``jf-jax evaluate`` output) of the folder, with its ``nll_<arm>_<size>.json``
-or ``humaneval_<arm>_<size>.json`` where there is one, and writes ``curve.json``, ``curve.md`` and ``curve.png``:
-per (arm, responses) the held-out TPF of jacobi and mr without looping answers (mean per prompt, with its bootstrap
-95% interval), the loop rate, TPF on training prompts, the NLL of HumanEval's canonical solutions (quality), and per
-arm and method the least-squares slope of TPF against log2(responses) with what it predicts at 10,000 responses.
+    python -m jf_jax.pipeline.curve results/studies/data_scale/cpu     # the report again, without the study
 """
+
 
 from __future__ import annotations
 
@@ -98,13 +100,13 @@ def fit(points: list[tuple[float, float]]) -> dict | None:
                 predicted_at_10k=float(intercept + slope * math.log2(PREDICT_AT)))
 
 
-def main(folder: str) -> int:
+def write_curve(folder: str) -> list[str] | None:
+    """Writes the curve's files in ``folder`` and returns its markdown lines; None when it holds no evaluation."""
     paths = sorted(glob.glob(os.path.join(folder, "eval_*_*.json")))
     if not paths:
-        print(f"error: no eval_<arm>_<size>.json in {folder}", file=sys.stderr)
-        return 2
+        return None
     points = [read_point(p) for p in paths]
-    responses_file = os.path.join(folder, "responses.json")  # written by data_scale.py: size -> responses kept
+    responses_file = os.path.join(folder, "responses.json")  # written by the study: size -> responses kept
     kept = json.load(open(responses_file)) if os.path.exists(responses_file) else {}
     for pt in points:
         pt["responses"] = kept.get(str(pt["size"]), pt["size"]) if pt["size"] else 0
@@ -139,8 +141,7 @@ def main(folder: str) -> int:
     with open(os.path.join(folder, "curve.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     plot(points, os.path.join(folder, "curve.png"))
-    print("\n".join(lines))
-    return 0
+    return lines
 
 
 def plot(points: list[dict], path: str) -> None:
@@ -182,5 +183,15 @@ def plot(points: list[dict], path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+def main(argv=None) -> int:
+    folder = (sys.argv[1:] if argv is None else argv)[0]
+    lines = write_curve(folder)
+    if lines is None:
+        print(f"error: no eval_<arm>_<size>.json in {folder}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main())
