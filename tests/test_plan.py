@@ -146,3 +146,25 @@ def test_plans_on_8_devices_and_the_train_step_memory_of_a_real_run(tmp_path):
     resident = real["resident_total"]
     assert abs(planned["peak_bytes"] - resident) <= 0.25 * resident, (planned, real)
     assert all(report["placement"].values()), report["placement"]
+
+
+def test_the_planned_decode_step_is_built_for_the_accelerator_by_argument():
+    """The planner names its target platform to the model: built for it on this CPU, the decode step has no
+    ``cpu_kernels`` custom call and the accelerators' dot rows, while the same step built for this machine keeps
+    this machine's choices, in the same process (nothing is swapped and restored)."""
+    import cpu_kernels
+    from jf_jax.model.transformer import decode_dot_rows
+    from jf_jax.model.weight_matmul import DotRows, this_machine_dot_rows
+    from tests.support.decoding_models import CFG
+
+    mesh = plan.build_mesh(plan.MeshShape())
+    model, view, ids, cache = plan.decode_inputs(CFG, plan.DecodeShape(batch=1, context=60, block_size=4), 4, mesh)
+
+    def program(platform):
+        return jax.jit(plan.decode_step(model, platform)).lower(view, ids, cache).as_text()
+
+    assert "@jf_" not in program(plan.ACCELERATOR)
+    if jax.default_backend() == "cpu" and cpu_kernels.cache_write_available():
+        assert "@jf_cache_write" in program("cpu")
+    assert decode_dot_rows("bfloat16", plan.ACCELERATOR) == DotRows(2, None)
+    assert decode_dot_rows("bfloat16", jax.default_backend()) == this_machine_dot_rows("bfloat16")

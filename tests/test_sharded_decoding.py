@@ -1,6 +1,7 @@
 """Decoding on a (data, fsdp, tensor) mesh of 8 simulated CPU devices (``decoding.placement``): rows split over
 data x fsdp, heads, MLP units and vocabulary over tensor. jacobi and mr give the tokens of the same sharded
-program's AR, greedy and sampled, and on the test model that AR equals one device's."""
+program's AR, greedy and sampled, and on the test model that AR equals one device's. A decode step built for an
+accelerator (plain-JAX attention: no decoder runs a Pallas kernel) never gathers the KV cache."""
 
 import json
 import os
@@ -49,3 +50,24 @@ def test_the_decode_cli_on_a_tensor_mesh_gives_one_devices_tokens(tmp_path):
         reports[name] = {m: [r["token_ids"] for r in runs if r["method"] == m] for m in ("ar", "jacobi", "mr")}
     assert reports["mesh"]["ar"] == reports["one"]["ar"]
     assert reports["mesh"]["jacobi"] == reports["mesh"]["mr"] == reports["mesh"]["ar"]
+
+
+@pytest.mark.slow  # a subprocess that compiles the planner's decode step on three meshes of 8 simulated devices
+def test_a_decode_step_built_for_an_accelerator_never_gathers_the_kv_cache():
+    """Every all-gather of a step together moves less than one layer's keys: the cache stays split by rows and KV
+    heads, and each device attends with its own heads. Built for this CPU instead, where the CPU kernels run, the
+    cache write is a custom call XLA cannot partition, and it gathers the whole cache around it: that is why the
+    planner builds its programs for an accelerator (``tuning.plan.ACCELERATOR``)."""
+    from tests.test_pallas_sharded import run_check
+
+    report = run_check("decode")
+    decode = report["decode"]
+    layer = decode.pop("layer_cache_bytes")
+    assert {k.split()[1] for k in decode} == {"1x1x2", "2x1x2", "2x2x2"}
+    for name, r in decode.items():
+        platform = name.split()[0]
+        if platform == "cpu":
+            if report["cpu_cache_write"]:
+                assert r["all_gather_bytes"] >= 2 * r["kv_cache_bytes_per_device"], (name, r)
+        else:  # the accelerator's program on XLA:CPU's partitioner, and (with libtpu) the one the TPU compiler made
+            assert r["all_gather_bytes"] < layer, (name, r, layer)

@@ -115,22 +115,25 @@ def _kernel_runs(head_dim: int, dtype) -> bool:
     return cpu_kernels.attention_available() and cpu_kernels.attention_supports(head_dim, dtype)
 
 
-def layer_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths, layer: int, *, whole_cache: bool = False):
+def layer_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths, layer: int, *, whole_cache: bool = False,
+                    use_kernel: bool = True):
     """Layer ``layer``'s attention over every layer's cache, cache_k and cache_v [L, Bc, S, K, Dh]: returns (out,
     cache_k, cache_v), the caches unchanged, for the next layer and for the step's write.
 
-    Where a CPU kernel runs, it reads the layer in place and its call returns the caches aliased to its inputs, so a
-    forward that hands them from layer to layer and writes into the last layer's makes its write follow every read
-    (XLA then writes a decode loop's cache in place instead of copying it whole each step). Elsewhere the layer's
-    slice goes to ``cached_attention`` (or, with ``whole_cache``, ``whole_cache_attention``). Other arguments as
-    ``cached_attention``.
+    Where a CPU kernel runs (and ``use_kernel``: False in a program built for another platform), it reads the layer
+    in place and its call returns the caches aliased to its inputs, so a forward that hands them from layer to layer
+    and writes into the last layer's makes its write follow every read (XLA then writes a decode loop's cache in
+    place instead of copying it whole each step). Elsewhere the layer's slice goes to ``cached_attention`` (or, with
+    ``whole_cache``, ``whole_cache_attention``). Other arguments as ``cached_attention``.
     """
-    if not whole_cache and _kernel_runs(q.shape[-1], q.dtype) and cache_k.dtype == q.dtype and cache_v.dtype == q.dtype:
+    if (use_kernel and not whole_cache and _kernel_runs(q.shape[-1], q.dtype) and cache_k.dtype == q.dtype
+            and cache_v.dtype == q.dtype):
         out, cache_k, cache_v = cpu_kernels.decode_attention_in_cache(q, k_new, v_new, new_valid, cache_k, cache_v,
                                                                       lengths, layer)
         return out.astype(q.dtype), cache_k, cache_v
-    attend = whole_cache_attention if whole_cache else cached_attention
-    return attend(q, k_new, v_new, new_valid, cache_k[layer], cache_v[layer], lengths), cache_k, cache_v
+    args = (q, k_new, v_new, new_valid, cache_k[layer], cache_v[layer], lengths)
+    out = whole_cache_attention(*args) if whole_cache else cached_attention(*args, use_kernel=use_kernel)
+    return out, cache_k, cache_v
 
 
 def cached_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths, *, chunk: int = CHUNK,

@@ -51,18 +51,19 @@ class KVCache:
         kv = jax.ShapeDtypeStruct(shape, cfg.compute_dtype)
         return cls(k=kv, v=kv, lengths=jax.ShapeDtypeStruct((batch_size,), jnp.int32))
 
-    def write(self, k_block, v_block) -> "KVCache":
+    def write(self, k_block, v_block, use_kernel: bool = True) -> "KVCache":
         """Writes [L, B, T, K, Dh] blocks at each row's current length; ``lengths`` do not move.
 
         The caller guarantees ``lengths + T <= capacity`` (decoders size the cache for the prompt bucket,
         the new tokens and one block); ``dynamic_update_slice`` would otherwise clamp the start silently.
-        Where the CPU kernels run, the write is ``cpu_kernels.write_cache`` (same result): XLA:CPU computes a
-        16-bit float ``dynamic_update_slice`` as a float32 pass over the whole cache, at every decode step.
+        Where the CPU kernels run (and ``use_kernel``: False in a program built for another platform), the write is
+        ``cpu_kernels.write_cache`` (same result): XLA:CPU computes a 16-bit float ``dynamic_update_slice`` as a
+        float32 pass over the whole cache, at every decode step.
         """
         if k_block.shape[1] != self.batch_size or v_block.shape[1] != self.batch_size:
             raise ValueError(f"KVCache.write: blocks of {k_block.shape[1]} rows for a cache of {self.batch_size}")
         def write(cache, block):
-            if not cpu_kernels.cache_write_available():
+            if not (use_kernel and cpu_kernels.cache_write_available()):
                 return write_rows(cache, block, self.lengths)
             return jax.lax.platform_dependent(cache, block, self.lengths, cpu=cpu_kernels.write_cache,
                                               default=write_rows)

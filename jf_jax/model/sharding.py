@@ -10,13 +10,16 @@ does). Batches are split over ``data`` and ``fsdp`` along their leading (batch) 
 
 The tensor split is of whole heads, so a model's query heads and KV heads must both divide the ``tensor`` axis
 (``tensor_split_problem``): a mesh that would split a head, or leave some devices without a KV head, is refused by
-name before anything loads, rather than silently replicated.
+name before anything loads, rather than silently replicated. A head's attention reads only its own KV head and its
+row's tokens, so an attention kernel (an opaque custom call XLA cannot partition) runs on each device's rows and
+heads under ``jax.shard_map`` with no collective (``attention_per_device``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Callable
 
 import jax
 import numpy as np
@@ -121,3 +124,30 @@ def constrain_rows(x):
         return x
     return jax.lax.with_sharding_constraint(x, P(axes, *([None] * (x.ndim - 1))))
 
+
+def attention_per_device(kernel: Callable, q, k, v, q_meta, k_meta):
+    """``kernel(q, k, v, q_meta, k_meta)`` (q [B, T, H, D], k and v [B, S, K, D], metadata fields [B, N]) run by every
+    device on its own rows and heads, under the mesh the program is traced under (``jax.set_mesh``, as the train step
+    is); called as it is outside one.
+
+    A Pallas kernel is a custom call that XLA's partitioner cannot split, so without this it gathers q, k and v whole
+    around the call on every device (or, for a call it must place on one device, onto that one). Rows go over the
+    batch axes and heads over ``tensor`` when they divide evenly (``tensor_split_problem`` checks the heads before a
+    run); the G query heads of a KV head stay together on one device, since both head axes split into equal
+    contiguous parts. An axis that does not divide stays whole on every device: correct, at the cost of a gather.
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return kernel(q, k, v, q_meta, k_meta)
+    rows = tuple(a for a in BATCH_AXES if a in mesh.axis_names)
+    if q.shape[0] % math.prod(mesh.shape[a] for a in rows):
+        rows = ()
+    tensor = mesh.shape.get("tensor", 1)
+    heads = "tensor" if tensor > 1 and q.shape[2] % tensor == 0 and k.shape[2] % tensor == 0 else None
+    if math.prod(mesh.shape[a] for a in rows) == 1 and heads is None:
+        return kernel(q, k, v, q_meta, k_meta)
+    split, by_rows = P(rows or None, None, heads, None), P(rows or None, None)
+    # check_vma=False: a pallas_call's output types do not say along which mesh axes they vary; here each output
+    # block is its device's own, as out_specs says.
+    return jax.shard_map(kernel, in_specs=(split, split, split, by_rows, by_rows), out_specs=split,
+                         check_vma=False)(q, k, v, q_meta, k_meta)

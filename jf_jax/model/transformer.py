@@ -7,6 +7,11 @@ the training / full-sequence forward (attention among the given tokens, masked b
 cache the tokens attend to the committed cache slots plus each other (``model.cached_attention``: the same
 arithmetic for a token however many tokens or rows share its forward), and their keys/values are written at the
 cache's current lengths (not committed: the caller decides how much of the block to keep).
+
+Each entry point takes the ``platform`` the program is built for ("cpu", "gpu" or "tpu"; default: this process's
+backend). It decides what differs between machines and nothing else: the decode layout's dot rows and RoPE tables
+(``_layout``), whether ``cpu_kernels`` may run, and the attention of ``attention_impl: auto``. The planner builds
+accelerator programs on a CPU by naming the accelerator (``tuning.plan``).
 """
 
 from __future__ import annotations
@@ -27,10 +32,10 @@ from cpu_kernels import PackedWeight
 from jf_jax.model.cached_attention import layer_attention
 from jf_jax.model.quantize import Int8Weight
 from jf_jax.model.token_meta import causal_meta
-from jf_jax.model.weight_matmul import DotRows, matmul, this_machine_dot_rows
+from jf_jax.model.weight_matmul import DotRows, dot_rows, matmul, this_machine_dot_rows
 from jf_jax.model.params import Params
 from jf_jax.model.rope import rope, rope_tables
-from jf_jax.model.sharding import constrain_rows
+from jf_jax.model.sharding import attention_per_device, constrain_rows
 from pallas_kernels.mask import MASK_NOISE_CONDITIONED, TokenMeta
 
 
@@ -41,17 +46,22 @@ def rms_norm(x, weight, eps: float):
     return (weight.astype(jnp.float32) * x32).astype(x.dtype)
 
 
-def _attend(cfg: ModelConfig, q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, mask_kind: str):
+def _attend(cfg: ModelConfig, q, k, v, q_meta: TokenMeta, k_meta: TokenMeta, mask_kind: str,
+            platform: str | None = None):
+    platform = jax.default_backend() if platform is None else platform
     impl = cfg.attention_impl
     if impl == "auto":  # decided at trace time: the kernel on a TPU (Mosaic) or a GPU (Triton), plain JAX elsewhere
-        impl = "pallas" if jax.default_backend() in ("tpu", "gpu") else "reference"
+        impl = "pallas" if platform in ("tpu", "gpu") else "reference"
     if impl.startswith("pallas"):
         from pallas_kernels import flash_attention  # imported lazily: only this backend needs it
 
-        # "pallas": the kernel picks its backend from the device (Mosaic on a TPU, Triton otherwise).
-        backend = {"pallas": None, "pallas_tpu": "tpu", "pallas_triton": "triton"}[impl]
-        return flash_attention.attention(q, k, v, q_meta, k_meta, mask_kind=mask_kind, backend=backend,
-                                         backward=cfg.attention_backward)
+        # "pallas": Mosaic on a TPU, Triton otherwise.
+        backend = {"pallas": "tpu" if platform == "tpu" else "triton", "pallas_tpu": "tpu",
+                   "pallas_triton": "triton"}[impl]
+        kernel = functools.partial(flash_attention.attention, mask_kind=mask_kind, backend=backend,
+                                   interpret=platform == "cpu", backward=cfg.attention_backward)
+        # A custom call XLA cannot partition: on a mesh each device runs it on its own rows and heads.
+        return attention_per_device(kernel, q, k, v, q_meta, k_meta)
     from pallas_kernels import attention_reference
 
     return attention_reference(q, k, v, q_meta, k_meta, mask_kind=mask_kind)
@@ -67,13 +77,13 @@ def _projections(layer: Params, h, fused: str, names, shapes, equation: str, dty
     return [part.reshape(h.shape[:2] + s) for part, s in zip(jnp.split(out, ends[:-1], axis=-1), shapes)]
 
 
-def _layer(cfg: ModelConfig, x, layer: Params, rope_tabs, q_meta, cache_kv, mask_kind, row_tile,
+def _layer(cfg: ModelConfig, x, layer: Params, rope_tabs, q_meta, cache_kv, mask_kind, layout: "_Layout",
            whole_cache: bool = False):
     """One decoder layer. x: [B, T, D]; ``cache_kv`` is None (attention among the tokens, by ``q_meta``) or
     (cached keys, cached values [L, Bc, S, K, Dh], this layer's index in them, lengths), read by
     ``layer_attention`` (``whole_cache`` as there). Returns the new x, this layer's new (k, v) [B, T, K, Dh] and the
     caches as ``layer_attention`` passes them on (None without a cache)."""
-    dt = cfg.compute_dtype
+    dt, row_tile = cfg.compute_dtype, layout.dot_rows.tile
 
     with jax.named_scope("attention"):
         h = rms_norm(x, layer["attn_norm"], cfg.rms_norm_eps)
@@ -91,11 +101,11 @@ def _layer(cfg: ModelConfig, x, layer: Params, rope_tabs, q_meta, cache_kv, mask
         v = v.astype(dt)
         read = None
         if cache_kv is None:
-            attn = _attend(cfg, q, k, v, q_meta, q_meta, mask_kind)  # [B, T, H, Dh]
+            attn = _attend(cfg, q, k, v, q_meta, q_meta, mask_kind, layout.platform)  # [B, T, H, Dh]
         else:
             cached_k, cached_v, index, lengths = cache_kv
             attn, *read = layer_attention(q, k, v, q_meta.segment >= 0, cached_k, cached_v, lengths, index,
-                                          whole_cache=whole_cache)
+                                          whole_cache=whole_cache, use_kernel=layout.cpu_kernels)
         x = x + matmul("bthk,hkd->btd", attn, layer["wo"], dt, row_tile).astype(dt)
 
     with jax.named_scope("mlp"):
@@ -127,19 +137,36 @@ class _Layout:
     run_layers: Callable
     """(body, x, cache) -> (x, new keys, new values [L, B, T, K, Dh], the cache as read, None without one): every
     layer's ``body(x, (layer, kv))``."""
+    platform: str
+    """The platform the program is built for: "cpu", "gpu" or "tpu" (``forward``'s ``platform``)."""
+
+    @property
+    def cpu_kernels(self) -> bool:
+        """Whether ``cpu_kernels`` may run in the program (where they are available): only in one built for a CPU."""
+        return self.platform == "cpu"
 
 
-def _layout(params: Params | DecodeView, cfg: ModelConfig) -> _Layout:
-    """The one place the forward tells the stacked tree (training) from the ``DecodeView`` (decoding)."""
+def decode_dot_rows(dtype: str, platform: str) -> DotRows:
+    """``weight_matmul.dot_rows`` of a decode program built for ``platform``: this machine's (its CPU's features
+    included) when that is the platform this process runs on, else the platform's own."""
+    if platform == jax.default_backend():
+        return this_machine_dot_rows(dtype)
+    return dot_rows(dtype, platform, None)
+
+
+def _layout(params: Params | DecodeView, cfg: ModelConfig, platform: str | None = None) -> _Layout:
+    """The one place the forward tells the stacked tree (training) from the ``DecodeView`` (decoding), for a program
+    built for ``platform`` (default: this process's backend)."""
+    platform = jax.default_backend() if platform is None else platform
     if isinstance(params, DecodeView):
         return _Layout(params.embedding_table(), params.embedding_rows, params.final_norm, params.lm_head,
-                       this_machine_dot_rows(cfg.dtype), jax.default_backend() == "cpu",
-                       functools.partial(_loop_layers, params.layers))
+                       decode_dot_rows(cfg.dtype, platform), platform == "cpu",
+                       functools.partial(_loop_layers, params.layers), platform)
     # The declared layout: each matmul weight is one unsplit shard.
     layers = {k: (w,) if k in MATMUL_WEIGHTS else w for k, w in params["layers"].items()}
     lm_head = (params["lm_head"],) if "lm_head" in params else None
     return _Layout(params["embed"], lambda tokens: params["embed"][tokens], params["final_norm"], lm_head,
-                   DotRows(2, None), False, functools.partial(_scan_layers, layers, cfg.remat))
+                   DotRows(2, None), False, functools.partial(_scan_layers, layers, cfg.remat), platform)
 
 
 def _loop_layers(layers: tuple[dict, ...], body, x, cache: KVCache | None):
@@ -170,7 +197,7 @@ def _scan_layers(layers: dict, remat: bool, body, x, cache: KVCache | None):
 
 
 def _stack(params: Params | DecodeView, cfg: ModelConfig, tokens, positions, q_meta: TokenMeta, cache: KVCache | None,
-           mask_kind: str, whole_cache: bool = False):
+           mask_kind: str, whole_cache: bool = False, platform: str | None = None):
     """Embedding, every layer and the final norm. Returns (hidden, new keys, new values [L, B, T, K, Dh], the cache
     as the layers pass it on: what a write of the new keys goes into, ``_loop_layers``; None without a cache).
 
@@ -179,10 +206,10 @@ def _stack(params: Params | DecodeView, cfg: ModelConfig, tokens, positions, q_m
     ``DotRows.fewest`` are run with padding tokens after them (``_pad_tokens``).
     """
     B, T = tokens.shape
-    layout = _layout(params, cfg)
+    layout = _layout(params, cfg, platform)
     if cache is not None and B * T < layout.dot_rows.fewest:
         padded = _pad_tokens(tokens, positions, q_meta, -(-layout.dot_rows.fewest // B))
-        x, new_k, new_v, read = _stack(params, cfg, *padded, cache, mask_kind, whole_cache)
+        x, new_k, new_v, read = _stack(params, cfg, *padded, cache, mask_kind, whole_cache, platform)
         return x[:, :T], new_k[:, :, :T], new_v[:, :, :T], read
     x = layout.embedding_rows(tokens).astype(cfg.compute_dtype)  # [B, T, D]
     rope_tabs = rope_tables(positions, cfg, unfused=layout.rope_unfused)
@@ -191,7 +218,7 @@ def _stack(params: Params | DecodeView, cfg: ModelConfig, tokens, positions, q_m
         layer, cache_kv = per_layer
         if cache_kv is not None:
             cache_kv = cache_kv + (cache.lengths,)
-        return _layer(cfg, x, layer, rope_tabs, q_meta, cache_kv, mask_kind, layout.dot_rows.tile, whole_cache)
+        return _layer(cfg, x, layer, rope_tabs, q_meta, cache_kv, mask_kind, layout, whole_cache)
 
     x, new_k, new_v, read = layout.run_layers(body, x, cache)
     return rms_norm(x, layout.final_norm, cfg.rms_norm_eps), new_k, new_v, read
@@ -225,7 +252,8 @@ def _default_positions(tokens, meta, cache):
 
 
 def forward(params: Params | DecodeView, cfg: ModelConfig, tokens, positions=None, *, meta: TokenMeta | None = None,
-            cache: KVCache | None = None, mask_kind: str = MASK_NOISE_CONDITIONED, whole_cache: bool = False):
+            cache: KVCache | None = None, mask_kind: str = MASK_NOISE_CONDITIONED, whole_cache: bool = False,
+            platform: str | None = None):
     """Runs the decoder stack and returns ``(hidden [B, T, D], cache)``. ``params`` is the declared stacked tree
     (layers under ``lax.scan``) or a ``DecodeView`` (per-layer weights in a Python loop); both give the same
     result.
@@ -235,18 +263,20 @@ def forward(params: Params | DecodeView, cfg: ModelConfig, tokens, positions=Non
     tokens (default: plain causal tokens at ``positions``). With a cache, the returned cache holds the
     block's keys/values written at the old lengths, which are *not* advanced (see ``KVCache.commit``).
     ``whole_cache``: attention over every cache slot in position order (fixed-shape decoding, ``decoding.shapes``).
+    ``platform``: the platform the program is built for ("cpu", "gpu", "tpu"; default: this process's backend).
     """
+    platform = jax.default_backend() if platform is None else platform
     tokens = jnp.asarray(tokens, jnp.int32)
     positions = jnp.asarray(_default_positions(tokens, meta, cache) if positions is None else positions, jnp.int32)
     q_meta = causal_meta(positions) if meta is None else meta
-    x, new_k, new_v, read = _stack(params, cfg, tokens, positions, q_meta, cache, mask_kind, whole_cache)
+    x, new_k, new_v, read = _stack(params, cfg, tokens, positions, q_meta, cache, mask_kind, whole_cache, platform)
     if cache is not None:
-        cache = read.write(new_k, new_v)
+        cache = read.write(new_k, new_v, use_kernel=platform == "cpu")
     return x, cache
 
 
 def forward_shared_prefix(params: Params | DecodeView, cfg: ModelConfig, tokens, cache: KVCache, valid=None,
-                          whole_cache: bool = False):
+                          whole_cache: bool = False, platform: str | None = None):
     """Forwards candidate rows [Bc*R, W] over the committed prefix of a cache of Bc rows, R rows per cache row
     (rows ``b*R ... b*R + R - 1`` read cache row b; Bc == 1: every row shares one).
 
@@ -254,8 +284,8 @@ def forward_shared_prefix(params: Params | DecodeView, cfg: ModelConfig, tokens,
     padding queries as False. A cache row is shared by its R rows inside each layer (never copied per row)
     and not written: returns (hidden [Bc*R, W, D], new keys, new values [L, Bc*R, W, K, Dh], the cache as the layers
     pass it on) so the caller can write back only the row it keeps (rejection recycling), into that cache: the
-    write then follows every layer's read, and XLA does it in place (``layer_attention``). ``whole_cache`` as in
-    ``forward``.
+    write then follows every layer's read, and XLA does it in place (``layer_attention``). ``whole_cache`` and
+    ``platform`` as in ``forward``.
     """
     tokens = jnp.asarray(tokens, jnp.int32)
     rows, W = tokens.shape
@@ -265,17 +295,17 @@ def forward_shared_prefix(params: Params | DecodeView, cfg: ModelConfig, tokens,
     starts = jnp.repeat(cache.lengths, rows // cache.batch_size)
     positions = starts[:, None] + jnp.arange(W, dtype=jnp.int32)
     q_meta = causal_meta(positions, valid=None if valid is None else jnp.broadcast_to(valid, (rows, W)))
-    return _stack(params, cfg, tokens, positions, q_meta, cache, MASK_NOISE_CONDITIONED, whole_cache)
+    return _stack(params, cfg, tokens, positions, q_meta, cache, MASK_NOISE_CONDITIONED, whole_cache, platform)
 
 
-def logits(params: Params | DecodeView, cfg: ModelConfig, hidden):
+def logits(params: Params | DecodeView, cfg: ModelConfig, hidden, platform: str | None = None):
     """Float32 vocabulary logits of hidden states [..., D] (the tied embedding when there is no lm_head).
 
     Fewer rows than the layout's ``DotRows.fewest`` are padded with copies of the last (as ``_pad_tokens`` pads a
-    forward's tokens), so a row's logits equal that row's inside any batch.
+    forward's tokens), so a row's logits equal that row's inside any batch. ``platform`` as in ``forward``.
     """
     dt = cfg.compute_dtype
-    layout = _layout(params, cfg)
+    layout = _layout(params, cfg, platform)
     rows = hidden.reshape(-1, hidden.shape[-1]).astype(dt)
     if rows.shape[0] < layout.dot_rows.fewest:
         rows = jnp.concatenate([rows] + [rows[-1:]] * (layout.dot_rows.fewest - rows.shape[0]))
@@ -289,4 +319,4 @@ def logits(params: Params | DecodeView, cfg: ModelConfig, hidden):
 def forward_logits(params: Params | DecodeView, cfg: ModelConfig, tokens, positions=None, **kwargs):
     """``forward`` followed by ``logits`` on every position: returns (logits [B, T, V] float32, cache)."""
     hidden, cache = forward(params, cfg, tokens, positions, **kwargs)
-    return logits(params, cfg, hidden), cache
+    return logits(params, cfg, hidden, kwargs.get("platform")), cache

@@ -15,30 +15,32 @@ Two kinds of program, each lowered and compiled on the process's devices arrange
 Each compiled program gives XLA's ``memory_analysis()`` (bytes per device: arguments, temporaries, outputs) and
 ``cost_analysis()``, and its HLO text the collectives, FLOPs and bytes per step (``tuning.hlo_stats``, which counts
 loops as they run). Memory figures are XLA:CPU's buffer assignment at the target's shapes: its temporaries are
-not a GPU's or TPU's (``plan_report`` says how that is read). The programs are traced as an accelerator builds
-them (``accelerator_programs``: no ``cpu_kernels``, the accelerators' decode dots); the attention of the train
-step is the plain-JAX reference XLA:CPU compiles (a GPU or TPU runs the Pallas kernel, O(T) memory per head).
+not a GPU's or TPU's (``plan_report`` says how that is read). The decode steps are traced for an accelerator
+(``ACCELERATOR``, passed to the model as its ``platform``: no ``cpu_kernels``, the accelerators' decode dots); the
+train step has nothing that differs by platform but its attention, which is the plain-JAX reference XLA:CPU
+compiles (a GPU or TPU runs the Pallas kernel, O(T) memory per head, one device's rows and heads on each device).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
-import os
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cpu_kernels import library
 from jf_jax.decoding import placement
 from jf_jax.model.config import ModelConfig
 from jf_jax.model.sharding import BATCH_AXES, ShardingRules, make_mesh, mesh_problem, tensor_split_problem
 from jf_jax.tuning.hlo_stats import HloStats, hlo_stats
 
 TEACHER_ROUND = 16  # packing rounds teacher lengths up to this (training.packing._TEACHER_ROUND)
+ACCELERATOR = "gpu"
+"""The platform the decode steps are built for (``model.transformer.forward``'s ``platform``). GPUs and TPUs build
+them alike (no ``cpu_kernels``, bfloat16 dots untiled, ``model.weight_matmul.dot_rows``), so one serves every
+target; a CPU's row tiles would be loops that also split the rows a mesh spreads."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -126,29 +128,6 @@ def devices_problem(*meshes: MeshShape) -> str | None:
         return None
     return (f"the mesh needs {need} devices and this process has {have}: run with "
             f"XLA_FLAGS=--xla_force_host_platform_device_count={need} (simulated CPU devices; nothing is allocated)")
-
-
-@contextlib.contextmanager
-def accelerator_programs():
-    """Programs traced inside are built as on a GPU or TPU, not as for this CPU: without ``cpu_kernels`` (XLA:CPU
-    custom calls no accelerator program has) and with the accelerators' decode dots (``model.weight_matmul.dot_rows``
-    off the CPU: bfloat16 rows untiled; a CPU's row tiles are loops that would also split the rows a mesh spreads).
-    The process's own choices are restored after."""
-    from jf_jax.model import transformer, weight_matmul
-
-    old_env, old_rows = os.environ.get(library.CHOICE_VARIABLE), transformer.this_machine_dot_rows
-    os.environ[library.CHOICE_VARIABLE] = "none"
-    library.chosen_sets.cache_clear()
-    transformer.this_machine_dot_rows = lambda dtype: weight_matmul.dot_rows(dtype, "accelerator", None)
-    try:
-        yield
-    finally:
-        transformer.this_machine_dot_rows = old_rows
-        if old_env is None:
-            os.environ.pop(library.CHOICE_VARIABLE, None)
-        else:
-            os.environ[library.CHOICE_VARIABLE] = old_env
-        library.chosen_sets.cache_clear()
 
 
 def per_device_bytes(tree) -> int:
@@ -258,8 +237,7 @@ def compile_train(cfg: ModelConfig, mesh_shape: MeshShape, train: TrainShape) ->
     mesh = build_mesh(mesh_shape)
     step, state, batch, reference = train_inputs(cfg, train, mesh)
     parts = dict(params=state.params, optimizer=(state.opt_state, state.step), reference=reference, batch=batch)
-    with accelerator_programs():
-        return compile_program("train_step", lambda: step.lower(state, batch, reference), parts)
+    return compile_program("train_step", lambda: step.lower(state, batch, reference), parts)
 
 
 def decode_inputs(cfg: ModelConfig, decode: DecodeShape, tokens: int, mesh):
@@ -287,26 +265,32 @@ def decode_inputs(cfg: ModelConfig, decode: DecodeShape, tokens: int, mesh):
     return model, view, ids, cache
 
 
-def compile_decode(cfg: ModelConfig, mesh_shape: MeshShape, decode: DecodeShape, tokens: int) -> CompiledProgram:
-    """One cached forward of ``tokens`` tokens per row + float32 logits + argmax, the cache donated (a decode loop
-    updates it in place)."""
+def decode_step(model: ModelConfig, platform: str = ACCELERATOR):
+    """(params, tokens, cache) -> (argmax tokens, cache): one cached forward of ``model`` + float32 logits + argmax,
+    built for ``platform`` (``measure.measure_latency``'s step)."""
+    from jf_jax.decoding.common import greedy
+    from jf_jax.model.transformer import forward, logits
+
+    def step(params, tokens, cache):
+        hidden, cache = forward(params, model, tokens, cache=cache, platform=platform)
+        return greedy(logits(params, model, hidden, platform)), cache
+    return step
+
+
+def compile_decode(cfg: ModelConfig, mesh_shape: MeshShape, decode: DecodeShape, tokens: int,
+                   platform: str = ACCELERATOR) -> CompiledProgram:
+    """``decode_step`` of ``tokens`` tokens per row, built for ``platform``, the cache donated (a decode loop updates
+    it in place)."""
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    from jf_jax.decoding.common import greedy
     from jf_jax.model.decode_jit import decode_jit
-    from jf_jax.model.transformer import forward, logits
 
     mesh = build_mesh(mesh_shape)
     model, view, ids, cache = decode_inputs(cfg, decode, tokens, mesh)
     cache_sh = jax.tree.map(lambda x: x.sharding, cache)
-
-    def step(params, tokens, cache):
-        hidden, cache = forward(params, model, tokens, cache=cache)
-        return greedy(logits(params, model, hidden)), cache
-
-    program = decode_jit(step, donate_argnums=2, out_shardings=(NamedSharding(mesh, P(BATCH_AXES)), cache_sh))
+    program = decode_jit(decode_step(model, platform), donate_argnums=2,
+                         out_shardings=(NamedSharding(mesh, P(BATCH_AXES)), cache_sh))
     head = () if view.lm_head is None else view.lm_head
     parts = dict(weights=(view.layers, view.final_norm, head), embedding=view.embed, kv_cache=(cache.k, cache.v),
                  tokens=(ids, cache.lengths))
-    with accelerator_programs():
-        return compile_program(f"decode_{tokens}", lambda: program.program().lower(view, ids, cache), parts)
+    return compile_program(f"decode_{tokens}", lambda: program.program().lower(view, ids, cache), parts)
