@@ -45,6 +45,13 @@ def no_model(monkeypatch):
     (["--limit", "-1"], "--limit must be >= 0, got -1"),
     (["--math-limit", "-2"], "--math-limit must be >= 0, got -2"),
     (["--temperature", "-1"], "temperature must be a finite number >= 0"),
+    (["--num-processes", "2", "--process-id", "1"],
+     "--num-processes, --process-id without --distributed or --coordinator: the run would be one process"),
+    (["--distributed", "--num-processes", "2", "--process-id", "2"],
+     "--process-id 2 names no process of --num-processes 2 (ids count from 0)"),
+    (["--coordinator", "localhost:1", "--process-id", "-1"], "--process-id -1 names no process"),
+    (["--distributed", "--num-processes", "0"], "--num-processes must be a positive integer, got 0"),
+    (["--distributed", "--mesh", "tensor=2"], "--mesh with --distributed"),
 ])
 def test_bad_options_are_refused_in_one_line_before_anything_is_loaded_or_read(tmp_path, no_model, capsys, args,
                                                                               reason):

@@ -1,4 +1,4 @@
-"""The multi-process options every command that runs on several hosts shares (``train``, ``collect``).
+"""The multi-process options every command that runs on several hosts shares (``train``, ``collect``, ``evaluate``).
 
 Several hosts (a TPU slice, a GPU cluster) run the same command with ``--distributed``
 (``jax.distributed.initialize()`` finds the coordinator on TPU VMs and under SLURM / Open MPI), or name it with
@@ -8,6 +8,10 @@ Several hosts (a TPU slice, a GPU cluster) run the same command with ``--distrib
 from __future__ import annotations
 
 import argparse
+
+OPTIONS = ("distributed", "coordinator", "num_processes", "process_id", "cpu_collectives")
+"""The options ``add_distributed_args`` adds, as ``argparse`` names them: how a process joins a run, not what it
+computes (a report's settings leave them out)."""
 
 
 def add_distributed_args(parser: argparse.ArgumentParser) -> None:
@@ -30,3 +34,48 @@ def init_distributed(args: argparse.Namespace) -> None:
         jax.config.update("jax_cpu_collectives_implementation", args.cpu_collectives)
     jax.distributed.initialize(coordinator_address=args.coordinator, num_processes=args.num_processes,
                                process_id=args.process_id)
+
+
+def distributed_problem(args: argparse.Namespace) -> str | None:
+    """Why the multi-process options cannot make a run (one line for the CLI), or None; checked before anything
+    loads. Without ``--distributed`` / ``--coordinator`` the others would be ignored, a one-process run in their
+    place; a process id must name one of ``--num-processes``."""
+    joining = args.distributed or args.coordinator
+    given = [f"--{name.replace('_', '-')}" for name in ("num_processes", "process_id", "cpu_collectives")
+             if getattr(args, name) is not None]
+    if given and not joining:
+        return f"{', '.join(given)} without --distributed or --coordinator: the run would be one process"
+    if args.num_processes is not None and args.num_processes < 1:
+        return f"--num-processes must be a positive integer, got {args.num_processes}"
+    if args.process_id is not None and (args.process_id < 0 or (args.num_processes is not None
+                                                                and args.process_id >= args.num_processes)):
+        count = "" if args.num_processes is None else f" of --num-processes {args.num_processes}"
+        return f"--process-id {args.process_id} names no process{count} (ids count from 0)"
+    return None
+
+
+WAIT_SECONDS = 24 * 3600
+"""How long ``agree`` waits for the slowest process: each step of a run waits for every process's share of it (a
+process that dies is reported sooner, by the coordination service's heartbeats)."""
+
+
+def agree(step: str, problem: str | None) -> str | None:
+    """A barrier that carries failures: this process posts how its share of ``step`` (a name unique in the run)
+    went, ``problem`` or None, and waits for every other process's; the first problem posted, in process order,
+    or None when every share went well, so all processes stop together rather than wait on one that failed. One
+    process: its own ``problem``.
+
+    The posts go through the coordination service's key-value store, not a collective: a collective barrier
+    (``multihost_utils.sync_global_devices``) fails when the processes reach it more than gloo's context timeout
+    (seconds) apart, and shares of decoding finish minutes apart."""
+    import jax
+
+    if jax.process_count() == 1:
+        return problem
+    from jax._src import distributed  # the client of jax.distributed.initialize: JAX exports no public handle
+
+    client = distributed.global_state.client
+    key = f"jf_jax/{step}/process-"
+    client.key_value_set(key + str(jax.process_index()), "ok" if problem is None else f"failed: {problem}")
+    posts = [client.blocking_key_value_get(key + str(i), WAIT_SECONDS * 1000) for i in range(jax.process_count())]
+    return next((f"process {i} {post}" for i, post in enumerate(posts) if post != "ok"), None)

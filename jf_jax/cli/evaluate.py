@@ -30,6 +30,14 @@ its token_ids) and OUT.md (tables) after each model, so a failure loses only the
 same --out and settings, it keeps the models OUT.json holds and evaluates the others; other settings are refused
 (jf_jax.cli.evaluate_options, which also checks every option before anything is loaded). The measurement itself
 is library code (jf_jax.eval).
+
+With --distributed (or --coordinator HOST:PORT --num-processes N --process-id I, as collect and train take them)
+several processes evaluate together: each decodes a contiguous share of every prompt set and of the GSM / HumanEval
+problems (drafts and sampling keyed by each prompt's index in its set, as one process keys them), writes its results
+to OUT.process-I-of-N.json, and once every process's share of a model is done process 0 merges the parts into OUT.json
+and OUT.md, every statistic recomputed over the union in set order (jf_jax.eval.parts): tokens, TPF, loops, match_ar
+and quality equal a one-process run's. Tokens/s does not: the processes shared the machines, so OUT.json records the
+process count as a setting and OUT.md says so. A rerun with the same --out resumes each process from its own part.
 """
 
 from __future__ import annotations
@@ -38,14 +46,17 @@ import argparse
 import sys
 import time
 
-from jf_jax.cli.evaluate_options import parse_methods, previous_results, prompt_set_name, read_inputs, refusal
+from jf_jax.cli.distributed import add_distributed_args, agree, init_distributed
+from jf_jax.cli.evaluate_options import (parse_methods, previous_parts, previous_results, prompt_set_name,
+                                         read_inputs, refusal, run_settings)
 from jf_jax.cli.mesh import build_mesh, mesh_error, parse_mesh, plain_layout
 from jf_jax.cli.tune import positive_ints
-from jf_jax.eval.report import device_name, write_report
+from jf_jax.eval.parts import Process, merge_results, part_stem
+from jf_jax.eval.report import device_name, read_report, write_report
 from jf_jax.eval.speed import speed_runs
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="jf-jax evaluate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", action="append", required=True, help="weights spec or RUN_DIR (repeatable)")
@@ -88,55 +99,111 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True,
                    help="output path without extension: .json and .md, written after each model (the same --out "
                         "with the same settings resumes)")
-    args = p.parse_args(argv)
+    add_distributed_args(p)
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
     methods = parse_methods(args.methods)
     problem = refusal(args, methods, [(run.method, run.options)
                                       for run in speed_runs(methods, args.block_size, args.num_blocks)])
-    problem = problem or mesh_error(args.mesh)  # the devices against the mesh, before anything loads
     if problem:
         return _refuse(problem)
-    # the device is named in the tables, and is a setting a resumed report must share
-    run = {**vars(args), "mesh": None if args.mesh is None else str(args.mesh), "device": device_name()}
+    inputs, problem = read_inputs(args)
+    if problem:
+        return _refuse(problem)
+    init_distributed(args)
+    problem = mesh_error(args.mesh)  # the devices against the mesh, before anything loads
+    if problem:
+        return _refuse(problem)
+    import jax
+
+    process = Process(jax.process_index(), jax.process_count())
+    # the device is named in the tables, and is a setting a resumed report must share, as the process count is
+    run = run_settings(args, device=device_name(), processes=process.count)
     results, problem = previous_results(args.out, run)
+    parts, problem = ([], problem) if problem else previous_parts(args.out, run, process)
     if problem:
         return _refuse(problem)
-    (prompt_sets, math_rows, humaneval, humaneval_nll), problem = read_inputs(args)
-    if problem:
-        return _refuse(problem)
+    return evaluate_models(args, methods, run, inputs, results, parts, process)
+
+
+def evaluate_models(args, methods, run: dict, inputs, results: list[dict], parts: list[list[dict]],
+                    process: Process) -> int:
+    """Every --model not in the report yet: this process's share of it (all of it with one process) into its part
+    (the report itself with one process), then, once every process's share is done, process 0 merges the parts
+    into the report. ``results`` are the report's, ``parts`` each process's part's (none with one process)."""
+    mine = parts[process.index] if parts else results
+    stem = part_stem(args.out, process) if parts else args.out
+    for position, spec in enumerate(args.model):
+        if spec in {r["model"] for r in results}:  # every process read the same report before any wrote one
+            print(f"{spec}: skipped, already in {args.out}.json with these settings", flush=True)
+            continue
+        problem = None
+        if spec in {r["model"] for r in mine}:
+            print(f"{spec}: this process's share is already in {stem}.json", flush=True)
+        else:
+            res, problem = evaluate_one(args, spec, methods, inputs, process)
+            if res is not None:
+                mine.append(res)
+                write_report(stem, run, mine, tables=not parts)  # now: a later model's failure cannot lose this one
+        problem = agree(f"evaluate/model-{position}", problem)
+        if problem:
+            return _refuse(f"{problem}{_kept(results, parts, args.out)}")
+        if parts and process.index == 0:
+            try:
+                res = merge_results([_part_result(args.out, Process(i, process.count), spec)
+                                     for i in range(process.count)])
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                return _refuse(f"--model {spec}: the parts cannot be merged: {e}")
+            results.append(res)
+            write_report(args.out, run, results)
+        shown = results[-1] if process.index == 0 else next(r for r in mine if r["model"] == spec)
+        print("\n".join(summary_lines(spec, shown)), flush=True)
+    print(f"wrote {args.out}.json and {args.out}.md" if process.index == 0 else f"wrote {stem}.json")
+    return 0
+
+
+def evaluate_one(args, spec: str, methods, inputs, process: Process) -> tuple[dict | None, str | None]:
+    """``process``'s share of the evaluation of ``spec``, or why it failed (one line)."""
     from jf_jax.api import load_model
     from jf_jax.decoding.common import GenerationError
     from jf_jax.decoding.sampling import Sampling
     from jf_jax.eval.evaluation import evaluate_model
 
-    for spec in args.model:
-        if spec in {r["model"] for r in results}:
-            print(f"{spec}: skipped, already in {args.out}.json with these settings", flush=True)
-            continue
-        start = time.perf_counter()
-        try:
-            # On a mesh the weights keep the plain layout XLA can split (no CPU-kernel packing).
-            model = load_model(spec, dtype=args.dtype, **plain_layout(args.mesh))
-            mesh = None if args.mesh is None else build_mesh(args.mesh, model.cfg)
-        except (ValueError, OSError) as e:  # WeightsError, ConfigError and TokenizerError are ValueErrors
-            return _refuse(f"--model {spec} cannot be loaded: {e}{_kept(results, args.out)}")
-        try:
-            res = evaluate_model(spec, prompt_sets, math_rows, methods=methods, block_sizes=args.block_size,
-                                 dtype=args.dtype, quality_dtype=args.quality_dtype,
-                                 sampling=Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p),
-                                 max_new_tokens=args.max_new_tokens, math_max_new_tokens=args.math_max_new_tokens,
-                                 num_blocks=args.num_blocks, seed=args.seed, math_batch=args.math_batch,
-                                 humaneval=humaneval, humaneval_nll=humaneval_nll,
-                                 humaneval_max_new_tokens=args.humaneval_max_new_tokens, model=model,
-                                 train_sets=tuple(map(prompt_set_name, args.train_prompts)),
-                                 decode_shape=args.decode_shape, mesh=mesh)
-        except GenerationError as e:  # e.g. a prompt too long for this model's context
-            return _refuse(f"--model {spec}: {e}{_kept(results, args.out)}")
-        res["seconds"] = time.perf_counter() - start
-        results.append(res)
-        print("\n".join(summary_lines(spec, res)), flush=True)
-        write_report(args.out, run, results)  # now: a later model's failure cannot lose this one
-    print(f"wrote {args.out}.json and {args.out}.md")
-    return 0
+    prompt_sets, math_rows, humaneval, humaneval_nll = inputs
+    start = time.perf_counter()
+    try:
+        # On a mesh the weights keep the plain layout XLA can split (no CPU-kernel packing).
+        model = load_model(spec, dtype=args.dtype, **plain_layout(args.mesh))
+        mesh = None if args.mesh is None else build_mesh(args.mesh, model.cfg)
+    except (ValueError, OSError) as e:  # WeightsError, ConfigError and TokenizerError are ValueErrors
+        return None, f"--model {spec} cannot be loaded: {e}"
+    try:
+        res = evaluate_model(spec, prompt_sets, math_rows, methods=methods, block_sizes=args.block_size,
+                             dtype=args.dtype, quality_dtype=args.quality_dtype,
+                             sampling=Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p),
+                             max_new_tokens=args.max_new_tokens, math_max_new_tokens=args.math_max_new_tokens,
+                             num_blocks=args.num_blocks, seed=args.seed, math_batch=args.math_batch,
+                             humaneval=humaneval, humaneval_nll=humaneval_nll,
+                             humaneval_max_new_tokens=args.humaneval_max_new_tokens, model=model,
+                             train_sets=tuple(map(prompt_set_name, args.train_prompts)),
+                             decode_shape=args.decode_shape, mesh=mesh, process=process)
+    except GenerationError as e:  # e.g. a prompt too long for this model's context
+        return None, f"--model {spec}: {e}"
+    res["seconds"] = time.perf_counter() - start
+    return res, None
+
+
+def _part_result(out: str, process: Process, spec: str) -> dict:
+    """``spec``'s result in ``process``'s part (KeyError when the part lacks it)."""
+    path = part_stem(out, process) + ".json"
+    _, results = read_report(path)
+    found = [r for r in results if r["model"] == spec]
+    if not found:
+        raise KeyError(f"{path} has no result of {spec}")
+    return found[-1]
 
 
 def summary_lines(spec: str, res: dict) -> list[str]:
@@ -157,11 +224,13 @@ def _refuse(problem: str) -> int:
     return 2
 
 
-def _kept(results: list[dict], out: str) -> str:
-    """What a failure keeps: the models done, in OUT.json, which the same command resumes from."""
-    if not results:
-        return ""
-    return f" ({len(results)} model(s) done are in {out}.json: the same command resumes after them)"
+def _kept(results: list[dict], parts: list[list[dict]], out: str) -> str:
+    """What a failure keeps: the models done, in OUT.json, and the processes' shares done, in their parts; the same
+    command resumes from them."""
+    kept = [f"{len(results)} model(s) done are in {out}.json"] if results else []
+    if any(parts):
+        kept.append(f"the shares done are in {out}.process-*.json")
+    return f" ({' and '.join(kept)}: the same command resumes after them)" if kept else ""
 
 
 if __name__ == "__main__":  # python -m jf_jax.cli.evaluate, as python -m jf_jax.evaluate

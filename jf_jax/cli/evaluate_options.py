@@ -7,8 +7,9 @@ setting evaluate accepts is one the decoders accept.
 
 The report (OUT.json and OUT.md, ``jf_jax.eval.report``) is rewritten after each model, atomically, so a late
 failure loses only the model it hit; a rerun with the same --out and the same settings keeps the models OUT.json
-holds and runs the others (``previous_results``). The checks return why they refuse (one line, printed after
-"error: "), or None.
+holds and runs the others (``previous_results``). A multi-process run (``--distributed``, ``jf_jax.eval.parts``)
+resumes per process: each keeps the models its part holds (``previous_parts``), and a report or parts of another
+process count are refused. The checks return why they refuse (one line, printed after "error: "), or None.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 
+from jf_jax.cli import distributed
 from jf_jax.cli.output_paths import file_problem
 from jf_jax.decoding.common import GenerationError, check_int
 from jf_jax.decoding.multiblock import MAX_NUM_BLOCKS, MAX_POOL_SIZE
@@ -30,6 +32,10 @@ DECODER_LIMITS = {"block_size": MAX_BLOCK_SIZE, "num_blocks": MAX_NUM_BLOCKS, "p
 (from 1)."""
 NOT_SETTINGS = ("model", "out")
 """Options that may differ between the runs that fill one report: the models, and the report's own path."""
+SETTING_DEFAULTS = {"processes": 1}
+"""Settings recorded since a later version, with the value every report written before had."""
+NOT_FLAGS = ("device", "processes")
+"""Settings that are no option: the machine, and how many processes shared the speed runs."""
 PROMPT_FIELDS = ("prompt",)
 MATH_FIELDS = ("id", "prompt", "answer")
 
@@ -97,9 +103,12 @@ def refusal(args, methods: list[str], runs) -> str | None:
     from jf_jax.api import METHODS, run_shape
 
     problem = (number_problem(vars(args)) or methods_problem(methods, METHODS) or decoder_problem(runs)
-               or sampling_problem(vars(args)))
+               or sampling_problem(vars(args)) or distributed.distributed_problem(args))
     if problem:
         return problem
+    if args.mesh is not None and (args.distributed or args.coordinator):
+        return ("--mesh with --distributed: --mesh spreads one process's decoding over devices, --distributed gives "
+                "each process its own share of the prompts; give one or the other")
     problem = out_error(args.out)
     if problem:
         return f"cannot write --out {args.out}: {problem}"
@@ -160,9 +169,16 @@ def read_inputs(args) -> tuple[tuple[dict, list, list, list], str | None]:
     return (prompt_sets, math_rows, humaneval, humaneval_nll), problem
 
 
+def run_settings(args, *, device: str, processes: int) -> dict:
+    """The run a report records: every option but how the processes joined (``distributed.OPTIONS``), the mesh
+    as text, the ``device`` the speed runs are measured on and how many ``processes`` shared them."""
+    options = {k: v for k, v in vars(args).items() if k not in distributed.OPTIONS}
+    return dict(options, mesh=None if args.mesh is None else str(args.mesh), device=device, processes=processes)
+
+
 def settings(run: dict) -> dict:
     """A report's settings: every option but ``NOT_SETTINGS``, as JSON reads them back (tuples become lists)."""
-    return json.loads(json.dumps({k: v for k, v in run.items() if k not in NOT_SETTINGS}))
+    return json.loads(json.dumps({**SETTING_DEFAULTS, **{k: v for k, v in run.items() if k not in NOT_SETTINGS}}))
 
 
 def differing_settings(old: dict, new: dict) -> list[str]:
@@ -170,7 +186,7 @@ def differing_settings(old: dict, new: dict) -> list[str]:
     (a setting one run lacks differs too: it cannot be shown to be the same)."""
     a, b = settings(old), settings(new)
     missing = "(not recorded)"
-    return [f"{k if k == 'device' else flag(k)}: {a.get(k, missing)} there, {b.get(k, missing)} here"
+    return [f"{k if k in NOT_FLAGS else flag(k)}: {a.get(k, missing)} there, {b.get(k, missing)} here"
             for k in sorted(a.keys() | b.keys()) if k not in a or k not in b or a[k] != b[k]]
 
 
@@ -190,3 +206,23 @@ def previous_results(out: str, run: dict) -> tuple[list[dict], str | None]:
         return [], (f"{path} holds results measured with other settings ({'; '.join(differ)}); pass another --out, "
                     "or the same settings to resume it")
     return results, None
+
+
+def previous_parts(out: str, run: dict, process) -> tuple[list[list[dict]], str | None]:
+    """The results each process's part beside the report ``out`` holds, in process order ([] for a part not yet
+    written; no parts for one process, ``process`` being an ``eval.parts.Process``), or why this run cannot add
+    to them: parts of another process count, or a part measured with other settings than ``run``'s. Every process
+    reads every part, so all of them refuse alike."""
+    from jf_jax.eval.parts import Process, part_counts, part_stem
+
+    other = sorted(part_counts(out) - {process.count})
+    if other:
+        return [], (f"{out} has the parts of a {other[0]}-process run ({part_stem(out, Process(0, other[0]))}.json); "
+                    f"this run has {process.count} process(es): pass another --out, or run as many processes")
+    parts = []
+    for index in range(process.count if process.count > 1 else 0):
+        results, problem = previous_results(part_stem(out, Process(index, process.count)), run)
+        if problem:
+            return [], problem
+        parts.append(results)
+    return parts, None

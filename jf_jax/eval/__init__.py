@@ -9,6 +9,8 @@ reports (the decode command, the ablations, the benchmarks, the results index) s
 * ``code_execution``: a HumanEval completion run against its problem's tests in a sandboxed subprocess.
 * ``evaluation``: ``evaluate_model``, one model's speed runs and quality in one result.
 * ``report``: the results in OUT.json and OUT.md, written atomically after each model and read back to resume.
+* ``parts``: a multi-process evaluation: each process's share of every set, and the merge of the processes'
+  parts into the one-process result.
 * ``stats_table``: the one renderer of tables of ``decoding.stats`` summaries.
 * ``code_quality``: a static check of the code answers an evaluation recorded (closed block, parses, defines the
   function).

@@ -2,7 +2,8 @@
 teacher-forced NLL of HumanEval's canonical solutions.
 
 None of these is timed: the answers are decoded in batches, and the NLL needs one forward per problem and no
-decoding at all.
+decoding at all. Each score is a pure function of its per-problem items (``gsm_summary``, ``humaneval_summary``,
+``nll_summary``), so the parts of a multi-process evaluation merge into the one-process score (``eval.parts``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ def gsm_accuracy(model, rows: list[dict], *, max_new_tokens: int, batch: int) ->
         got = extract_answer(text)
         items.append(dict(id=row["id"], gold=row["answer"], extracted=None if got is None else str(got),
                           correct=is_correct(text, row["answer"]), text=text))
+    return gsm_summary(items, max_new_tokens=max_new_tokens)
+
+
+def gsm_summary(items: list[dict], *, max_new_tokens: int) -> dict:
+    """GSM8K accuracy over scored answers (``gsm_accuracy``'s items), with the items."""
     return dict(problems=len(items), correct=sum(i["correct"] for i in items),
                 accuracy=statistics.fmean(i["correct"] for i in items), max_new_tokens=max_new_tokens, items=items)
 
@@ -38,13 +44,22 @@ def humaneval_pass_at_1(model, problems: list[dict], *, max_new_tokens: int, bat
     in a sandboxed subprocess (``eval.code_execution``): pass@1 with counts and every sample's outcome."""
     from jf_jax.api import generate
     from jf_jax.data.humaneval import humaneval_prompt
-    from jf_jax.eval.code_execution import check_completion, pass_at_1
+    from jf_jax.eval.code_execution import check_completion
 
     completions = generate(model, [humaneval_prompt(p) for p in problems], method="ar",
                            max_new_tokens=max_new_tokens, batch_size=batch)
     outcomes = [check_completion(p, c.text) for p, c in zip(problems, completions)]
     items = [dict(task_id=p["task_id"], status=o.status, detail=o.detail, text=c.text)
              for p, c, o in zip(problems, completions, outcomes)]
+    return humaneval_summary(items, max_new_tokens=max_new_tokens)
+
+
+def humaneval_summary(items: list[dict], *, max_new_tokens: int) -> dict:
+    """pass@1 over executed completions (``humaneval_pass_at_1``'s items, each with its outcome's status), with
+    the counts and the items."""
+    from jf_jax.eval.code_execution import ExecutionResult, pass_at_1
+
+    outcomes = [ExecutionResult(i["status"] == "passed", i["status"], i["detail"]) for i in items]
     return dict(problems=len(items), passed=sum(o.passed for o in outcomes), pass_at_1=pass_at_1(outcomes),
                 max_new_tokens=max_new_tokens, items=items)
 
@@ -79,6 +94,11 @@ def humaneval_answer_nll(model, problems: list[dict], *, bucket: int = 128) -> d
         targets = np.roll(tokens, -1, axis=1)
         logp = np.asarray(target_logprobs(model.params, model.cfg, tokens, targets))[0, first - 1 : len(ids) - 1]
         items.append(dict(task_id=problem["task_id"], tokens=int(logp.size), nll=float(-logp.sum())))
+    return nll_summary(items)
+
+
+def nll_summary(items: list[dict]) -> dict:
+    """Nats per token over scored solutions (``humaneval_answer_nll``'s items), with the totals and the items."""
     total = sum(i["tokens"] for i in items)
     return dict(problems=len(items), tokens=total, nll_per_token=sum(i["nll"] for i in items) / max(total, 1),
                 items=items)

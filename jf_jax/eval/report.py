@@ -41,9 +41,20 @@ def sampling_text(args: dict) -> str:
             f"{args.get('top_p', 1.0)}, seed {args.get('seed', 0)})")
 
 
+def processes_text(args: dict) -> str:
+    """What a multi-process run's timings mean (``eval.parts``), from the run's settings; "" for one process."""
+    count = args.get("processes", 1)
+    if count == 1:
+        return ""
+    return (f" Decoded by {count} processes side by side, each its share of every set, one prompt at a time: tok/s "
+            "and x AR sum per-prompt times measured while the processes shared the machines, so they are not "
+            "comparable with a one-process run's; TPF, tokens, loops, = AR and the quality scores are the "
+            "one-process run's.")
+
+
 def markdown(results: list[dict], args: dict) -> str:
     """OUT.md: the speed table of every model, then the GSM8K and HumanEval tables of the models scored on them;
-    ``args`` are the run's settings (the command's options, with the device)."""
+    ``args`` are the run's settings (the command's options, with the device and the process count)."""
     from jf_jax.decoding.stats import BOOTSTRAP_RESAMPLES
     from jf_jax.eval.answer_quality import LOOP_REPEAT_FRACTION, REPEAT_NGRAM
     from jf_jax.eval.stats_table import render_table
@@ -59,7 +70,7 @@ def markdown(results: list[dict], args: dict) -> str:
              "loops' columns summarize the other answers. tok/s with / without prefill; x AR = tok/s over "
              "same-dtype AR's on the same prompts, with / without prefill; = AR: share of answers equal to AR's."
              + (" Sets marked (train) hold prompts the model was trained on; the others are held out."
-                if trained else ""), "",
+                if trained else "") + processes_text(args), "",
              render_table(speed_rows(results), SPEED_COLUMNS)]
     if any(r["math"] for r in results):
         lines += ["", f"Quality: greedy AR answers in {args.get('quality_dtype', 'float32')}.", "",
@@ -103,12 +114,13 @@ def write_atomically(path: str, text: str) -> None:
         raise
 
 
-def write_report(out: str, run: dict, results: list[dict]) -> None:
-    """OUT.json (``run``'s settings, its model list being the results', and ``results``) and OUT.md
-    (``markdown(results, run)``), each replaced whole."""
+def write_report(out: str, run: dict, results: list[dict], *, tables: bool = True) -> None:
+    """OUT.json (``run``'s settings, its model list being the results', and ``results``) and, with ``tables``,
+    OUT.md (``markdown(results, run)``), each replaced whole; a multi-process run's part is OUT.json alone."""
     run = dict(run, model=[r["model"] for r in results])
     write_atomically(out + ".json", json.dumps(dict(args=run, results=results), indent=1))
-    write_atomically(out + ".md", markdown(results, run))
+    if tables:
+        write_atomically(out + ".md", markdown(results, run))
 
 
 def read_report(path: str) -> tuple[dict, list[dict]]:
