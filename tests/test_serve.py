@@ -121,6 +121,27 @@ CASES = [("completion", "hello hello hello hello", 30, None, None, False),
 EXTRA = [("chat", "count 1 2 3", 32, SAMPLED, 21, False)]  # the other solo runs of this file
 
 
+def staggered(server, cases, timeout: float, send=None) -> dict:
+    """Each case (kind, prompt, max_tokens, sampling, seed, stream[, extra body fields, ...]) sent by ``send``
+    (``ask`` by default) from a thread of its own, case i 0.03 i s after the first: some join a running batch, some
+    wait for a slot. Answers by index."""
+    send = send or ask
+    results = {}
+
+    def client(i, case):
+        time.sleep(0.03 * i)
+        kind, prompt, max_tokens, sampling, seed, stream, *rest = case
+        fields = rest[0] if rest else {}
+        results[i] = send(server, kind, body(kind, prompt, max_tokens, sampling, seed, **fields), stream)
+
+    threads = [threading.Thread(target=client, args=(i, c)) for i, c in enumerate(cases)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=timeout)
+    return results
+
+
 def test_concurrent_staggered_requests_get_solo_ar_tokens(server, model):
     engine = server.engine
     lanes_seen = []
@@ -133,19 +154,8 @@ def test_concurrent_staggered_requests_get_solo_ar_tokens(server, model):
         step()
 
     engine._step = spy
-    results = {}
-
-    def client(i, case):
-        time.sleep(0.03 * i)  # staggered arrivals: some join a running batch, some wait in the queue
-        kind, prompt, max_tokens, sampling, seed, stream = case
-        results[i] = ask(server, kind, body(kind, prompt, max_tokens, sampling, seed), stream)
-
     try:
-        threads = [threading.Thread(target=client, args=(i, c)) for i, c in enumerate(CASES)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
+        results = staggered(server, CASES, timeout=120)
     finally:
         del engine._step
     assert len(results) == len(CASES)

@@ -4,7 +4,6 @@ prompt alone with AR, whatever ran in the same or in the other batches and whene
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -14,7 +13,7 @@ from jf_jax.serving.batch import BatchConfig, ServedMethod
 from jf_jax.serving.command import build
 from jf_jax.serving.engine import EngineConfig
 from tests.support.serve_server import serve_in_thread
-from tests.test_serve import BUCKET, CONTEXT, SAMPLED, body, finish, path, solo, wait_idle
+from tests.test_serve import BUCKET, CONTEXT, SAMPLED, finish, path, solo, staggered, wait_idle
 
 DEFAULT = ServedMethod("jacobi", 4)
 PAIRS = (ServedMethod("ar", 1), ServedMethod("jacobi", 2), ServedMethod("mr", 3))
@@ -78,19 +77,8 @@ def test_requests_of_every_pair_share_the_server_and_get_solo_ar_tokens(server, 
         step()
 
     engine._step = spy
-    results = {}
-
-    def client(i, case):
-        time.sleep(0.03 * i)  # staggered arrivals: some join running batches, some wait for a slot of their pair
-        kind, prompt, max_tokens, sampling, seed, stream, fields, _ = case
-        results[i] = ask(server, kind, body(kind, prompt, max_tokens, sampling, seed, **fields), stream)
-
     try:
-        threads = [threading.Thread(target=client, args=(i, c)) for i, c in enumerate(MIXED)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=180)
+        results = staggered(server, MIXED, timeout=180, send=ask)  # some join running batches, some wait for their pair
     finally:
         del engine._step
     assert len(results) == len(MIXED)
