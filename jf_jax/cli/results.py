@@ -3,7 +3,8 @@
 ``<!-- results-table:end -->`` markers (README is left alone when it has none).
 
     python -m jf_jax.cli.results            # write both
-    python -m jf_jax.cli.results --check    # exit 1 if either differs from what would be written
+    python -m jf_jax.cli.results --check    # exit 1 if either differs from what would be written, or a figure
+                                            # of README.md / docs/ is not in a results file it links
 
 Every number comes from the files in the run folders (jf_jax.cli.results_runs says which); the output is sorted
 and carries no date, so regenerating an unchanged tree changes nothing and ``--check`` can guard it in a test.
@@ -187,6 +188,15 @@ def main(argv=None) -> int:
     if args.check and stale:
         print("out of date (run `python -m jf_jax.cli.results`): " + ", ".join(map(str, stale)), file=sys.stderr)
         return 1
+    if args.check:  # the prose's figures too: each one in a committed file its text links (jf_jax/cli/figures.py)
+        from jf_jax.cli.figures import Checker
+        problems = Checker(args.root).check()
+        for problem in problems:
+            print(problem, file=sys.stderr)
+        if problems:
+            print(f"{len(problems)} figure(s) of README.md / docs/ not found in the results files they link",
+                  file=sys.stderr)
+            return 1
     return 0
 
 
