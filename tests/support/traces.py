@@ -12,9 +12,9 @@ def record_stack_traces(monkeypatch) -> list[tuple]:
     traced = []
     stack = transformer._stack
 
-    def recording(params, cfg, tokens, positions, q_meta, cache, mask_kind, whole_cache=False):
+    def recording(params, cfg, tokens, positions, q_meta, cache, mask_kind, whole_cache=False, platform=None):
         traced.append((tuple(tokens.shape), None if cache is None else cache.capacity, whole_cache))
-        return stack(params, cfg, tokens, positions, q_meta, cache, mask_kind, whole_cache)
+        return stack(params, cfg, tokens, positions, q_meta, cache, mask_kind, whole_cache, platform)
 
     monkeypatch.setattr(transformer, "_stack", recording)
     return traced
