@@ -51,7 +51,6 @@ def no_model(monkeypatch):
      "--process-id 2 names no process of --num-processes 2 (ids count from 0)"),
     (["--coordinator", "localhost:1", "--process-id", "-1"], "--process-id -1 names no process"),
     (["--distributed", "--num-processes", "0"], "--num-processes must be a positive integer, got 0"),
-    (["--distributed", "--mesh", "tensor=2"], "--mesh with --distributed"),
 ])
 def test_bad_options_are_refused_in_one_line_before_anything_is_loaded_or_read(tmp_path, no_model, capsys, args,
                                                                               reason):

@@ -33,7 +33,9 @@ def _records(out: str) -> dict:
     return table
 
 
-def test_two_processes_collect_what_one_process_collects(tmp_path, tiny_gguf):
+@pytest.mark.parametrize("mesh", [None, "data=2"], ids=["one-device-each", "mesh-of-each-process"])
+def test_two_processes_collect_what_one_process_collects(tmp_path, tiny_gguf, mesh):
+    """With --mesh, each process spreads its batched recorder over a mesh of its own two devices (rows over data)."""
     from jf_jax.training.trajectories import trajectory_dirs
 
     prompts = tmp_path / "prompts.jsonl"
@@ -43,6 +45,9 @@ def test_two_processes_collect_what_one_process_collects(tmp_path, tiny_gguf):
                "--block-size", "4", "--max-new-tokens", "8", "--prompts-per-shard", "2", "--no-progress"]
     env = {**os.environ, "JAX_PLATFORMS": "cpu",
            "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+    if mesh:
+        collect += ["--mesh", mesh, "--batch-size", "2"]
+        env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
     one = subprocess.run(collect + ["--out", str(tmp_path / "one")], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=600)
     assert one.returncode == 0, one.stdout + one.stderr[-3000:]

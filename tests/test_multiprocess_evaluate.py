@@ -98,7 +98,7 @@ def test_a_report_or_parts_of_another_process_count_are_refused_before_a_model_l
     assert "--model tiny cannot be loaded: not loaded in this test" in capsys.readouterr().err
 
 
-@pytest.mark.slow  # five JAX processes start and compile the decoders (~1 min)
+@pytest.mark.slow  # seven JAX processes start and compile the decoders (~1.5 min)
 def test_two_processes_evaluate_what_one_process_evaluates(tmp_path, tiny_gguf):
     prompts, math = tmp_path / "held.jsonl", tmp_path / "gsm.jsonl"
     prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"Say {word}."}) + "\n"
@@ -111,8 +111,8 @@ def test_two_processes_evaluate_what_one_process_evaluates(tmp_path, tiny_gguf):
     env = {**os.environ, "JAX_PLATFORMS": "cpu",
            "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
 
-    def pair(out):
-        results = run_pair(jf_jax_pair(evaluate + ["--out", str(out)]), cwd=ROOT, env=env, timeout=300)
+    def pair(out, *extra, env=env):
+        results = run_pair(jf_jax_pair(evaluate + ["--out", str(out), *extra]), cwd=ROOT, env=env, timeout=300)
         for i, (code, stdout, stderr) in enumerate(results):
             assert code == 0, f"process {i}: " + stdout + stderr[-3000:] + f"\nthe other: {results[1 - i][2][-2000:]}"
         return results
@@ -140,3 +140,9 @@ def test_two_processes_evaluate_what_one_process_evaluates(tmp_path, tiny_gguf):
     (_, out0, _), (_, out1, _) = pair(tmp_path / "two")
     assert "this process's share is already in" in out0 and "this process's share is already in" not in out1
     assert _unclocked(json.loads((tmp_path / "two.json").read_text())["results"]) == _unclocked([res_one])
+
+    # Each process on a mesh of its own two devices (its share's rows over data): the same answers.
+    pair(tmp_path / "meshed", "--mesh", "data=2", env={**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
+    meshed = json.loads((tmp_path / "meshed.json").read_text())
+    assert meshed["args"]["mesh"] == "data=2,fsdp=1,tensor=1" and meshed["args"]["processes"] == 2
+    assert _unclocked(meshed["results"]) == _unclocked([res_one])

@@ -175,7 +175,8 @@ def main(argv=None) -> int:
     problems = number_problems(args)
     if args.mesh is not None and args.batch_size == 1:
         problems.append("--mesh spreads the batched recorder: give --batch-size > 1 with it")
-    problems += [p for p in (mesh_error(args.mesh),) if p]  # the devices against the mesh, before anything loads
+    if not (args.distributed or args.coordinator):  # a multi-process run counts its devices once it has joined
+        problems += [p for p in (mesh_error(args.mesh),) if p]  # the devices against the mesh, before anything loads
     if problems:
         print(f"error: {'; '.join(problems)}", file=sys.stderr)
         return 2
@@ -209,6 +210,10 @@ def main(argv=None) -> int:
         if not rows:
             raise CollectInputError(f"no prompts selected from {args.prompts}")
         init_distributed(args)
+        if args.distributed or args.coordinator:
+            problem = mesh_error(args.mesh)  # this process's devices against the mesh, before anything loads
+            if problem:
+                raise CollectInputError(problem)
         out, rows = process_share(args.out, rows)
         # The shape run_collect pads to, resolved on this backend ("auto" differs between CPUs and GPUs).
         shape = run_shape(args.decode_shape, [("ar", {}), ("jacobi", dict(block_size=args.block_size))]) \

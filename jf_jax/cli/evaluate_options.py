@@ -106,9 +106,6 @@ def refusal(args, methods: list[str], runs) -> str | None:
                or sampling_problem(vars(args)) or distributed.distributed_problem(args))
     if problem:
         return problem
-    if args.mesh is not None and (args.distributed or args.coordinator):
-        return ("--mesh with --distributed: --mesh spreads one process's decoding over devices, --distributed gives "
-                "each process its own share of the prompts; give one or the other")
     problem = out_error(args.out)
     if problem:
         return f"cannot write --out {args.out}: {problem}"

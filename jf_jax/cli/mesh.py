@@ -41,14 +41,17 @@ def parse_mesh(text: str) -> MeshSpec:
 
 
 def mesh_error(spec: MeshSpec | None) -> str | None:
-    """Why this process's devices cannot hold ``spec`` (one line for the CLI), or None."""
+    """Why this process's devices cannot hold ``spec`` (one line for the CLI), or None. In a multi-process run, call
+    it after ``jax.distributed`` has joined (counting devices starts the runtime)."""
     if spec is None:
         return None
     import jax
 
     from jf_jax.model.sharding import mesh_problem
 
-    problem = mesh_problem(spec.data, spec.fsdp, spec.tensor, jax.device_count())
+    # A process's own devices: in a multi-process run (--distributed) each process decodes its share of the prompts
+    # on a mesh of its devices; in one process they are all the devices.
+    problem = mesh_problem(spec.data, spec.fsdp, spec.tensor, jax.local_device_count())
     if problem and "does not fit" in problem:
         problem += (" (on a CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N makes N devices of its cores)")
     return None if problem is None else f"--mesh {spec}: {problem}"
@@ -64,7 +67,9 @@ def build_mesh(spec: MeshSpec | None, cfg=None):
     problem = None if cfg is None else tensor_split_problem(cfg, spec.tensor)
     if problem:
         raise ValueError(f"--mesh {spec}: {problem}")
-    return make_mesh(spec.data, spec.fsdp, tensor=spec.tensor)
+    import jax
+
+    return make_mesh(spec.data, spec.fsdp, jax.local_devices(), tensor=spec.tensor)
 
 
 def plain_layout(spec: MeshSpec | None) -> dict:
