@@ -104,20 +104,29 @@ def refused_after_signal(client) -> bool:
     return status == 503 and r["error"]["code"] == "shutdown"
 
 
-def test_sigterm_drains_running_and_queued_requests_then_exits_0(long_gguf, answers):
-    streamed, queued = answers
-    with serve(long_gguf, "300") as client:
+def sigterm_mid_stream(gguf, drain_seconds: str, after_stream=lambda client: None):
+    """A one-slot server streaming one answer with a plain request queued behind it, sent SIGTERM after the
+    stream's first chunk: (the stream's payloads, the queued request's result, what ``after_stream(client)`` gave
+    once the stream ended, the exit status, the server's log)."""
+    with serve(gguf, drain_seconds) as client:
         conn, resp = open_stream(client)
         first = events(resp, 1)
         thread, result = queue_one(client)
         client.process.send_signal(signal.SIGTERM)
         rest = events(resp)
         conn.close()
-        assert refused_after_signal(client)
+        seen = after_stream(client)
         status, log = exit_status_and_log(client)
         thread.join(timeout=EXIT_BOUND_S)
-    assert rest[-1] == "[DONE]" and rest[-2]["choices"][0]["finish_reason"] == "length"
-    assert ids_of(first + rest) == streamed  # the whole answer, solo AR's
+    return first + rest, result, seen, status, log
+
+
+def test_sigterm_drains_running_and_queued_requests_then_exits_0(long_gguf, answers):
+    streamed, queued = answers
+    chunks, result, refused, status, log = sigterm_mid_stream(long_gguf, "300", refused_after_signal)
+    assert refused
+    assert chunks[-1] == "[DONE]" and chunks[-2]["choices"][0]["finish_reason"] == "length"
+    assert ids_of(chunks) == streamed  # the whole answer, solo AR's
     code, _, body = result["r"]
     assert code == 200 and body["choices"][0]["token_ids"] == queued  # the queued request was served too
     assert status == 0 and "Traceback" not in log, log[-3000:]
@@ -126,18 +135,10 @@ def test_sigterm_drains_running_and_queued_requests_then_exits_0(long_gguf, answ
 
 def test_sigterm_past_the_drain_time_cancels_cleanly_then_exits_0(long_gguf, answers):
     streamed, _ = answers
-    with serve(long_gguf, "0") as client:
-        conn, resp = open_stream(client)
-        first = events(resp, 1)
-        thread, result = queue_one(client)
-        client.process.send_signal(signal.SIGTERM)
-        rest = events(resp)
-        conn.close()
-        status, log = exit_status_and_log(client)
-        thread.join(timeout=EXIT_BOUND_S)
-    error = rest[-2]["error"]  # the stream ends with an OpenAI error event, then data: [DONE]
-    assert rest[-1] == "[DONE]" and error["code"] == "shutdown" and error["type"] == "server_error"
-    got = ids_of(first + rest)
+    chunks, result, _, status, log = sigterm_mid_stream(long_gguf, "0")
+    error = chunks[-2]["error"]  # the stream ends with an OpenAI error event, then data: [DONE]
+    assert chunks[-1] == "[DONE]" and error["code"] == "shutdown" and error["type"] == "server_error"
+    got = ids_of(chunks)
     assert 0 < len(got) < LONG and got == streamed[: len(got)]  # cut short; what was sent is solo AR's
     code, _, body = result["r"]
     assert code == 503 and body["error"]["code"] == "shutdown"  # the queued request: cancelled, not dropped
