@@ -427,6 +427,19 @@ def test_ablation_refuses_a_bad_variant_in_one_line(bad, tmp_path):
     assert proc.returncode == 2 and "NAME" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
+@pytest.mark.parametrize("config, overrides, named", [
+    ("configs/tiny.yaml", [], "model.path"),
+    ("configs/smollm2_smoke.yaml", ["data.path=NOWHERE"], "NOWHERE"),
+])
+def test_ablation_refuses_a_missing_model_or_data_before_measuring(config, overrides, named, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "x"}\n')
+    proc = _run_study("ablation", config, *overrides, "--steps", "1", "--prompts", str(prompts),
+                      "--out", str(tmp_path / "out"))
+    assert proc.returncode == 2 and named in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "out.jsonl").exists()  # nothing measured
+
+
 _ABLATION_TABLE = (
     "# {title}  (the layout jf_jax.benchmarks.ablation writes)\n\n"
     "| variant | overrides | TPF | vs base | TPF (mean/prompt) | mean TPF 95% interval | loop rate "

@@ -46,17 +46,11 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
 
 
 def measure_tpf(model, prompts: list[list[int]], *, block_size: int, max_new_tokens: int) -> dict:
-    """Greedy Jacobi on the prompts, one at a time: ``stats.summarize_with_loops`` of the per-prompt records (each
-    with its answer's repeat fraction and loop flag), the records and the tokens."""
-    from jf_jax.decoding.jacobi import generate_jacobi
-    from jf_jax.decoding.stats import summarize_with_loops
-    from jf_jax.eval.answer_quality import answer_quality
+    """Greedy Jacobi on the prompts, one at a time: the evaluation's own timed run (``eval.speed.speed_run``:
+    the loop rule's statistics, the per-prompt records and the tokens)."""
+    from jf_jax.eval.speed import speed_run
 
-    r = generate_jacobi(model.params, model.cfg, prompts, max_new_tokens=max_new_tokens,
-                        eos_ids=model.tokenizer.eos_ids, block_size=block_size)
-    per_prompt = [dict(p, **answer_quality(ids, p["stop_reason"]))
-                  for p, ids in zip(r.stats["per_prompt"], r.token_ids)]
-    return dict(summarize_with_loops(per_prompt), per_prompt=per_prompt, token_ids=r.token_ids)
+    return speed_run(model, "jacobi", prompts, max_new_tokens=max_new_tokens, options=dict(block_size=block_size))
 
 
 def mean_losses(run_dir: str, last: int) -> dict:
@@ -155,9 +149,22 @@ def main(argv=None, program: str = "python -m jf_jax.benchmarks.ablation") -> in
         configs = {name: load_config(args.config, shared + overrides) for name, overrides in variants}
     except (ConfigKeyError, OSError) as e:
         p.error(str(e))
+    from jf_jax.training.setup import checked_trajectory_dirs
+    from jf_jax.training.trajectories import TrajectoryFormatError
+    from jf_jax.weights import WeightsError
+
+    if not tcfg.model.path:
+        p.error(f"{args.config}: no model.path; the ablation starts from a real base model (e.g. smollm2-135m)")
+    try:  # the data every variant trains on, and the base model's spec, before the base model is measured
+        for cfg in (tcfg, *configs.values()):
+            if cfg.data.source == "trajectories":
+                paths = (cfg.data.path,) if isinstance(cfg.data.path, str) else cfg.data.path
+                checked_trajectory_dirs(paths, cfg.data.block_size)
+        base_model = load_model(tcfg.model.path)
+    except (ConfigKeyError, TrajectoryFormatError, WeightsError) as e:
+        p.error(str(e))
     n = tcfg.data.block_size
     rows_in = [r for f in args.prompts for r in read_jsonl(f)[: args.limit]]
-    base_model = load_model(tcfg.model.path)
     prompts = encode_prompts(base_model, [r["prompt"] for r in rows_in])
     problems = []
     if args.humaneval_nll > 0:

@@ -170,6 +170,18 @@ def _barrier(name: str) -> None:
         multihost_utils.sync_global_devices(name)
 
 
+def checked_trajectory_dirs(paths: Sequence[str], block_size: int) -> list[str]:
+    """The trajectory directories ``paths`` stand for (``trajectories.trajectory_dirs``), each checked to hold a
+    manifest of blocks of ``block_size``: a cheap look at the manifests only, so a caller can refuse bad data
+    before any long work (raises ``TrajectoryFormatError`` / ``ConfigKeyError`` naming the directory)."""
+    dirs = [t for p in paths for t in trajectory_dirs(p)]
+    for path in dirs:
+        found = read_manifest(path)["block_size"]
+        if found != block_size:
+            raise ConfigKeyError(f"data.block_size={block_size} but {path} holds blocks of {found}")
+    return dirs
+
+
 def build_stream(tcfg: TrainConfig, run_dir: str, vocab_size: int, progress: bool = True) -> BatchStream:
     """Every process builds the same global batches (deterministic from the data and the seed); ``put_batch``
     then places each row on the devices of its data-parallel shard."""
@@ -184,10 +196,7 @@ def build_stream(tcfg: TrainConfig, run_dir: str, vocab_size: int, progress: boo
                     block_size=d.block_size, progress=progress, metadata={"source": "synthetic"})
         _barrier("jf_jax synthetic trajectories")
     responses = []
-    for path in [d for p in paths for d in trajectory_dirs(p)]:
-        block_size = read_manifest(path)["block_size"]
-        if block_size != d.block_size:
-            raise ConfigKeyError(f"data.block_size={d.block_size} but {path} holds blocks of {block_size}")
+    for path in checked_trajectory_dirs(paths, d.block_size):
         responses += load_responses(path)
     rng = np.random.default_rng([d.seed, 1])  # only the random schedule draws from it
     sequences = [pack_example(example_from_records(recs, d.window, d.schedule, rng), eos_id=d.eos_id,
