@@ -21,6 +21,7 @@ import sys
 import tempfile
 
 FENCE = re.compile(r"```(?:python|py|Python)?[ \t]*\n(.*?)```", re.DOTALL)
+"""A fenced code block of an answer (untagged or tagged Python); its text is group 1."""
 TIMEOUT_SECONDS = 10.0
 MEMORY_BYTES = 2 << 30
 FILE_BYTES = 16 << 20

@@ -11,7 +11,7 @@ import dataclasses
 import re
 from typing import Callable, Sequence
 
-FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
+from jf_jax.eval.code_execution import FENCE  # one rule for what a fenced code block is
 CHECKS = ("closed_block", "parses", "defines")
 """What ``check_answer`` asks of an answer, in the order the table shows it."""
 
