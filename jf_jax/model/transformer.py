@@ -142,8 +142,13 @@ class _Layout:
 
     @property
     def cpu_kernels(self) -> bool:
-        """Whether ``cpu_kernels`` may run in the program (where they are available): only in one built for a CPU."""
-        return self.platform == "cpu"
+        return cpu_kernels_allowed(self.platform)
+
+
+def cpu_kernels_allowed(platform: str) -> bool:
+    """Whether ``cpu_kernels`` may run in a program built for ``platform`` (where they are available): only in one
+    built for a CPU (an exported or cross-compiled program for an accelerator must not call them)."""
+    return platform == "cpu"
 
 
 def decode_dot_rows(dtype: str, platform: str) -> DotRows:
@@ -271,7 +276,7 @@ def forward(params: Params | DecodeView, cfg: ModelConfig, tokens, positions=Non
     q_meta = causal_meta(positions) if meta is None else meta
     x, new_k, new_v, read = _stack(params, cfg, tokens, positions, q_meta, cache, mask_kind, whole_cache, platform)
     if cache is not None:
-        cache = read.write(new_k, new_v, use_kernel=platform == "cpu")
+        cache = read.write(new_k, new_v, use_kernel=cpu_kernels_allowed(platform))
     return x, cache
 
 
