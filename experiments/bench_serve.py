@@ -38,17 +38,6 @@ CHECK_SAMPLING = (0.8, 0.9)  # (temperature, top_p) of the check's sampled reque
 GGUF_FTYPES = {"f32": 0, "bf16": 32}
 
 
-def cpu_name() -> str:
-    """The CPU with its family/model (lscpu's "AMD EPYC" alone names several generations) and vector ISA."""
-    info = {}
-    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-        info.setdefault(line.partition(":")[0].strip(), line.partition(":")[2].strip())
-    flags = set(info.get("flags", "").split())
-    isa = "AVX-512 + BF16" if "avx512_bf16" in flags else "AVX-512" if "avx512f" in flags else "AVX2"
-    return (f"{info.get('model name')} (family {info.get('cpu family')}, model {info.get('model')}, {isa}"
-            f"{', AMX' if 'amx_tile' in flags else ''}), {len(os.sched_getaffinity(0))} cores")
-
-
 def code_prompts(tokenizer, count: int, max_tokens: int, seed: int = 0) -> list[str]:
     """``count`` code tasks (user messages) whose chat-rendered prompt fits in ``max_tokens`` tokens, seeded order."""
     from jf_jax.data.code_prompts import stdlib_tasks
@@ -385,7 +374,9 @@ def main(argv=None) -> int:
     p.add_argument("--markdown", type=pathlib.Path)
     args = p.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that the servers are stopped (finally blocks)
-    report = {"cpu": cpu_name(), "command": "python experiments/bench_serve.py " + " ".join(
+    from jf_jax.model.machine import cpu_kind
+
+    report = {"cpu": cpu_kind(), "command": "python experiments/bench_serve.py " + " ".join(
         argv if argv is not None else sys.argv[1:]), "settings": vars(args) | {"json": None, "markdown": None},
         "servers": {}, "check": {}}
     ok = check(args, report) if args.check else side_by_side(args, report)

@@ -31,6 +31,11 @@ def test_cpuinfo_is_read_for_flags_and_model():
     assert library.cpu_flags(CPUINFO) == frozenset({"fpu", "avx2", "fma"})
     assert library.cpu_flags("processor: 0\n") is None
     assert machine.cpu_model(CPUINFO) == "AMD EPYC 7B13" and machine.cpu_model("") is None
+    # how a measurement names its CPU: one "AMD EPYC" model name covers several generations
+    epyc = "model name\t: AMD EPYC\ncpu family\t: 26\nmodel\t\t: 2\nflags\t\t: avx2 fma avx512f avx512_bf16\n"
+    assert machine.cpu_kind(epyc, cores=2) == "AMD EPYC (family 26, model 2, AVX-512 + BF16), 2 cores"
+    assert machine.cpu_kind(CPUINFO, cores=2) == "AMD EPYC 7B13 (family ?, model ?, AVX2), 2 cores"
+    assert machine.cpu_kind("", cores=4) == "unknown CPU, 4 cores"
 
 
 def test_only_the_backend_and_the_cpu_features_limit_the_machine():

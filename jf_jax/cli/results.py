@@ -79,9 +79,9 @@ def _started_from(run: RunSummary, names: set[str], prefix: str) -> str:
 def _speed_where(run: RunSummary) -> str:
     if not run.speed:
         return DASH
-    # The first evaluations, all on CPUs, recorded no device; none recorded which CPU.
+    # The first evaluations, all on CPUs, recorded no device, and later ones "CPU (N cores)"; since then "CPU: KIND".
     device = run.speed.device or "CPU"
-    if device.startswith("CPU"):
+    if device.startswith("CPU") and not device.startswith("CPU: "):
         device = device[:-1] + "; kind not recorded)" if device.endswith(")") else device + " (kind not recorded)"
     return ", ".join(map(_cell, [device] + ([run.speed.dtype] if run.speed.dtype else [])))
 

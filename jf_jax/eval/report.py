@@ -22,8 +22,10 @@ def device_name() -> str:
     """The machine the speed runs are measured on, as the report names it."""
     import jax
 
+    from jf_jax.model.machine import cpu_kind
+
     device = jax.devices()[0]
-    return f"CPU ({os.cpu_count()} cores)" if device.platform == "cpu" else device.device_kind
+    return f"CPU: {cpu_kind()}" if device.platform == "cpu" else device.device_kind
 
 
 def speed_rows(results: list[dict]) -> list[dict]:

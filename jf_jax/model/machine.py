@@ -125,6 +125,29 @@ def cpu_model(cpuinfo: str | None = None) -> str | None:
     return None
 
 
+def cpu_kind(cpuinfo: str | None = None, cores: int | None = None) -> str:
+    """This CPU as a measurement names it: its model name with family and model (one "AMD EPYC" covers several
+    generations), its vector instruction set and its cores, e.g. "AMD EPYC (family 26, model 2, AVX-512 + BF16),
+    2 cores"; "unknown CPU" where /proc/cpuinfo cannot be read."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = pathlib.Path(library.CPUINFO).read_text()
+        except OSError:
+            cpuinfo = ""
+    info = {}
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        info.setdefault(key.strip(), value.strip())
+    flags = set(info.get("flags", "").split())
+    isa = ("AVX-512 + BF16" if "avx512_bf16" in flags else "AVX-512" if "avx512f" in flags
+           else "AVX2" if "avx2" in flags else "no AVX2")
+    cores = cores or len(os.sched_getaffinity(0))
+    if "model name" not in info:
+        return f"unknown CPU, {cores} cores"
+    return (f"{info['model name']} (family {info.get('cpu family', '?')}, model {info.get('model', '?')}, {isa}"
+            f"{', AMX' if 'amx_tile' in flags else ''}), {cores} cores")
+
+
 def detect() -> Machine:
     """This process's machine. Starts JAX's default backend; loads a kernel library only on a CPU that can run
     it (through ``library.unavailable_reason``, which also registers the kernels, as decoding would)."""
