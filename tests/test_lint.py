@@ -15,13 +15,14 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Layers on one rank are independent of each other.
 RANKS = {
     "pallas_kernels": 0, "cpu_kernels": 0,
-    "jf_jax.model": 1,
+    "jf_jax.model": 1, "jf_jax.multihost": 1,
     "jf_jax.weights": 2, "jf_jax.data": 2,
     "jf_jax.decoding": 3, "jf_jax.training": 3,
     "jf_jax.tuning": 4,
     "jf_jax.api": 5, "jf_jax.flax": 5, "jf_jax": 5,  # the package's __init__ re-exports the api
     "jf_jax.eval": 6,  # evaluation as library code: over the api, under the commands that report it
-    "jf_jax.cli": 7, "jf_jax.serving": 7,  # the server engine: beside the cli, over the api and the decoders
+    "jf_jax.cli": 7,
+    "jf_jax.serving": 7.5,  # the server: over the api and the decoders, and the cli's shared options (--mesh)
     "jf_jax.pipeline": 7,  # the study runner: runs the commands as subprocesses, reads their outputs
     # the entry modules: python -m jf_jax[.COMMAND]
     "jf_jax.__main__": 8, "jf_jax.decode": 8, "jf_jax.prompts": 8, "jf_jax.collect": 8, "jf_jax.train": 8,

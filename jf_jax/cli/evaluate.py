@@ -46,7 +46,7 @@ import argparse
 import sys
 import time
 
-from jf_jax.cli.distributed import add_distributed_args, agree, init_distributed
+from jf_jax.cli.distributed import add_distributed_args, init_distributed
 from jf_jax.cli.evaluate_options import (parse_methods, previous_parts, previous_results, prompt_set_name,
                                          read_inputs, refusal, run_settings)
 from jf_jax.cli.mesh import build_mesh, mesh_error, parse_mesh, plain_layout
@@ -54,6 +54,7 @@ from jf_jax.cli.tune import positive_ints
 from jf_jax.eval.parts import Process, merge_results, part_stem
 from jf_jax.eval.report import device_name, read_report, write_report
 from jf_jax.eval.speed import speed_runs
+from jf_jax.multihost import agree
 
 
 def parser() -> argparse.ArgumentParser:

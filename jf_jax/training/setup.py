@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
 
 import jax
 import numpy as np
@@ -26,6 +26,7 @@ from jax.sharding import Mesh
 from jf_jax.model.config import ModelConfig
 from jf_jax.model.params import Params, abstract_params, init_params
 from jf_jax.model.sharding import ShardingRules, make_mesh, tensor_split_problem
+from jf_jax.multihost import agree
 from jf_jax.training.config import ConfigKeyError, LoopSection, TrainConfig, config_from_dict
 from jf_jax.training.losses import LossConfig
 from jf_jax.training.packing import BatchStream, bucket_for, example_from_records, pack_example
@@ -34,6 +35,8 @@ from jf_jax.training.step import reference_params
 from jf_jax.training.synthetic import SyntheticRecorder, make_prompts
 from jf_jax.training.trajectories import collect, load_responses, read_manifest, trajectory_dirs
 from jf_jax.weights import run_dir as rd
+
+T = TypeVar("T")
 
 
 class DroppedSequencesError(ValueError):
@@ -163,11 +166,21 @@ def _primary() -> bool:
     return jax.process_index() == 0
 
 
-def _barrier(name: str) -> None:
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices(name)
+def _all_processes(step: str, work: Callable[[], T]) -> T:
+    """``work()`` on every process, then a barrier (``multihost.agree``) that carries failures: an error on one
+    process is raised on every process, its own where it happened, a ``RuntimeError`` naming it elsewhere, rather
+    than leaving the others waiting."""
+    error, result = None, None
+    try:
+        result = work()
+    except Exception as e:  # noqa: BLE001 (posted to the others, then raised)
+        error = e
+    failed = agree(f"training/{step}", None if error is None else f"{type(error).__name__}: {error}")
+    if error is not None:
+        raise error
+    if failed:
+        raise RuntimeError(f"{step}: {failed}")
+    return result
 
 
 def checked_trajectory_dirs(paths: Sequence[str], block_size: int) -> list[str]:
@@ -191,10 +204,10 @@ def build_stream(tcfg: TrainConfig, run_dir: str, vocab_size: int, progress: boo
         s = d.synthetic
         paths = (os.path.join(run_dir, rd.TRAJECTORY_DIR),)
         prompts = make_prompts(s.num_prompts, s.prompt_len, s.vocab_size, seed=d.seed)
-        if _primary():
-            collect(prompts, SyntheticRecorder(d.block_size, s.num_blocks, s.vocab_size), paths[0],
-                    block_size=d.block_size, progress=progress, metadata={"source": "synthetic"})
-        _barrier("jf_jax synthetic trajectories")
+        # process 0 writes them; the others read them once it has
+        _all_processes("synthetic trajectories", lambda: _primary() and collect(
+            prompts, SyntheticRecorder(d.block_size, s.num_blocks, s.vocab_size), paths[0],
+            block_size=d.block_size, progress=progress, metadata={"source": "synthetic"}))
     responses = []
     for path in checked_trajectory_dirs(paths, d.block_size):
         responses += load_responses(path)
@@ -310,8 +323,8 @@ def prepare_run(tcfg: TrainConfig, run_dir: str, *, progress: bool = True, devic
     snapshot, the mesh against the model, the data against the buckets; only then the config snapshot, and the
     initial weights where the teacher needs them."""
     os.makedirs(run_dir, exist_ok=True)
-    write_config = _check_config(tcfg, run_dir)
-    _barrier("jf_jax config checked")  # a changed config is refused by every process before any is written over
+    # a changed config is refused by every process before any is written over
+    write_config = _all_processes("config checked", lambda: _check_config(tcfg, run_dir))
     source = model_source(tcfg)
     cfg = model_config(tcfg)
     mesh = make_mesh(tcfg.mesh.data, tcfg.mesh.fsdp, devices, tensor=tcfg.mesh.tensor)
