@@ -1,7 +1,8 @@
 """Decoding on a (data, fsdp, tensor) mesh of 8 simulated CPU devices (``decoding.placement``): rows split over
 data x fsdp, heads, MLP units and vocabulary over tensor. jacobi and mr give the tokens of the same sharded
-program's AR, greedy and sampled, and on the test model that AR equals one device's. A decode step built for an
-accelerator (plain-JAX attention: no decoder runs a Pallas kernel) never gathers the KV cache."""
+program's AR, greedy and sampled, and on the test model that AR equals one device's. A decode step never gathers the
+KV cache, whether built for an accelerator (plain-JAX attention: no decoder runs a Pallas kernel) or for this CPU
+(the CPU kernels' cache write and attention run on each device's rows and KV heads, ``sharding.per_device``)."""
 
 import json
 import os
@@ -28,6 +29,9 @@ def test_sharded_decoding_equals_ar_and_one_device():
             if mode in r:
                 assert all(r[mode].values()), (name, mode, r[mode])
     assert "sampled" in report["meshes"]["4x1x2"]
+    kernel = report["attention_kernel"]  # heads of 32: the CPU attention kernel on each device's rows and heads
+    if kernel.pop("kernel_runs"):
+        assert all(kernel.values()), kernel
     assert "KV heads 2 do not divide the tensor axis of 4" in report["tensor4"], report["tensor4"]
 
 
@@ -52,22 +56,22 @@ def test_the_decode_cli_on_a_tensor_mesh_gives_one_devices_tokens(tmp_path):
     assert reports["mesh"]["jacobi"] == reports["mesh"]["mr"] == reports["mesh"]["ar"]
 
 
-@pytest.mark.slow  # a subprocess that compiles the planner's decode step on three meshes of 8 simulated devices
-def test_a_decode_step_built_for_an_accelerator_never_gathers_the_kv_cache():
-    """Every all-gather of a step together moves less than one layer's keys: the cache stays split by rows and KV
-    heads, and each device attends with its own heads. Built for this CPU instead, where the CPU kernels run, the
-    cache write is a custom call XLA cannot partition, and it gathers the whole cache around it: that is why the
-    planner builds its programs for an accelerator (``tuning.plan.ACCELERATOR``)."""
+@pytest.mark.slow  # a subprocess that compiles the planner's decode steps on three meshes of 8 simulated devices
+def test_a_decode_step_never_gathers_the_kv_cache():
+    """Every all-gather of a step together moves less than one layer's keys, in a step built for an accelerator and
+    in one built for this CPU: the cache stays split by rows and KV heads and each device attends with its own
+    heads; in the CPU's step the CPU kernels' cache write and decode attention (custom calls XLA cannot partition)
+    run on each device's rows and KV heads, under the mesh the step is traced under (``sharding.per_device``)."""
     from tests.test_pallas_sharded import run_check
 
     report = run_check("decode")
     decode = report["decode"]
     layer = decode.pop("layer_cache_bytes")
     assert {k.split()[1] for k in decode} == {"1x1x2", "2x1x2", "2x2x2"}
+    assert sum(k.startswith("cpu ") for k in decode) == 6  # each mesh, one token and four
     for name, r in decode.items():
-        platform = name.split()[0]
-        if platform == "cpu":
-            if report["cpu_cache_write"]:
-                assert r["all_gather_bytes"] >= 2 * r["kv_cache_bytes_per_device"], (name, r)
-        else:  # the accelerator's program on XLA:CPU's partitioner, and (with libtpu) the one the TPU compiler made
-            assert r["all_gather_bytes"] < layer, (name, r, layer)
+        if name.startswith("cpu") and report["cpu_kernels"]:  # both kernels in the step, each call run per device
+            assert {"jf_cache_write", "jf_decode_attention_avx2_bf16"} <= set(r["kernels"]), (name, r)
+            assert r["per_device_calls"] == r["kernel_calls"], (name, r)
+        # the accelerator's program and this CPU's on XLA:CPU's partitioner, and (with libtpu) the TPU compiler's
+        assert r["all_gather_bytes"] < layer, (name, r, layer)

@@ -37,7 +37,7 @@ from jf_jax.decoding.ar import ARDecoder
 from jf_jax.decoding.blocks import block_key, draw_context
 from jf_jax.decoding.common import MAX_BATCH_SIZE, check_int, eos_array, prepare_prompts, prompt_key
 from jf_jax.decoding.jacobi import JacobiDecoder, JacobiState
-from jf_jax.decoding.placement import local_rows_mesh, place_params, place_rows, rows_multiple
+from jf_jax.decoding.placement import local_rows_mesh, place_params, place_rows, rows_multiple, traced_on
 from jf_jax.decoding.recording import BlockTrajectory
 from jf_jax.decoding.runner import MAX_BLOCK_SIZE
 from jf_jax.decoding.shapes import DecodeShape
@@ -148,7 +148,8 @@ def record_batch(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]], *, 
     results: dict[int, ResponseTrajectories] = {}
     for first in range(0, len(order), batch_size):
         chunk = order[first: first + batch_size]
-        batch = recorder.record([prompts[i] for i in chunk], [prompt_key(seed, indices[i]) for i in chunk])
+        with traced_on(mesh):  # the CPU kernels' calls on each device's rows and heads (``placement.traced_on``)
+            batch = recorder.record([prompts[i] for i in chunk], [prompt_key(seed, indices[i]) for i in chunk])
         results.update(zip(chunk, batch))
     return [results[i] for i in range(len(prompts))]
 

@@ -4,7 +4,9 @@ The mesh is the training mesh (``model.sharding``: ``data``, ``fsdp``, ``tensor`
 has a leading row axis and its per-row bookkeeping runs under ``jax.vmap``, so the programs need no change: the
 inputs are placed row-split over ``data`` x ``fsdp``, each weight of the decode view is placed by the same
 logical-axis rules as in training (heads, KV heads, MLP units and the vocabulary over ``tensor``), and XLA's
-partitioner keeps each device on its rows and its heads, inserting the reductions that split sums need. A row's
+partitioner keeps each device on its rows and its heads, inserting the reductions that split sums need. The one
+thing it cannot split is a custom call, so the programs are traced under the mesh (``traced_on``), where the CPU
+kernels' cache write and decode attention run on each device's rows and KV heads (``sharding.per_device``). A row's
 tokens do not depend on the rows beside it, so the row split changes no token; the tensor split changes the order
 of some sums, so a sharded run's tokens are compared with its own AR (and, on the test models, with one device's).
 With one device nothing is placed.
@@ -12,6 +14,7 @@ With one device nothing is placed.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import jax
@@ -28,6 +31,13 @@ def local_rows_mesh() -> Mesh | None:
     """This process's devices as a mesh of rows (data parallel, weights replicated), or None with one device."""
     devices = jax.local_devices()
     return make_mesh(len(devices), 1, devices) if len(devices) > 1 else None
+
+
+def traced_on(mesh: Mesh | None):
+    """The context a decode program is traced (and run) in: under ``mesh`` (``jax.set_mesh``), so that the CPU
+    kernels' calls, which XLA cannot partition, run on each device's rows and KV heads (``sharding.per_device``)
+    instead of on the whole cache gathered around them; nothing without a mesh (an enclosing one stays)."""
+    return contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh)
 
 
 def rows_multiple(mesh: Mesh | None) -> int:

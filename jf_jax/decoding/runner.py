@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jf_jax.decoding.common import GenerationError, GenerationResult, PreparedPrompts, batch_slices, prompt_key
-from jf_jax.decoding.placement import place_params, place_rows, rows_multiple
+from jf_jax.decoding.placement import place_params, place_rows, rows_multiple, traced_on
 from jf_jax.decoding.sampling import GREEDY, Sampling, sampling_key
 from jf_jax.decoding.shapes import DecodeShape, shape_label
 from jf_jax.decoding.stats import prompt_stats, summarize
@@ -158,7 +158,7 @@ def decode_prompts(decoder: BlockDecoder, params: Params | DecodeView, prep: Pre
     greedy) with ``sampling_key(seed, first_index + i)``, a stream apart from the drafts'.
     ``on_step(prompt_index, before, after)`` observes the python driver. With a ``mesh`` (``model.sharding``'s
     ``data``, ``fsdp``, ``tensor``; ``placement``) each batch's rows are split over its batch axes (B rounded up to
-    fill them) and the weights over ``tensor``.
+    fill them) and the weights over ``tensor``, and the programs run traced under it (``placement.traced_on``).
 
     ``warmup`` first compiles the programs with a 1-token run on the same shapes, so ``seconds`` excludes
     compilation. Prompts decoded together share one wall clock: per-prompt seconds exist only for
@@ -177,14 +177,15 @@ def decode_prompts(decoder: BlockDecoder, params: Params | DecodeView, prep: Pre
         sample_keys = jnp.stack([sampling_key(seed, first_index + int(i)) for i in idx])
         rows = place_rows(mesh, prep.tokens[idx], prep.lengths[idx], keys, sample_keys)
         start = time.perf_counter()
-        state = decoder.init(params, *rows, jnp.int32(max_new), eos_ids, prep.out_capacity, prep.cache_capacity)
-        state = dataclasses.replace(state, done=state.done | padding)
-        state.count.block_until_ready()
-        prefill_done = time.perf_counter()
-        if driver == "compiled":
-            state = decoder.run_compiled(params, state)
-        else:
-            state = decoder.run_python(params, state, on_tokens=stream, on_step=observe)
+        with traced_on(mesh):
+            state = decoder.init(params, *rows, jnp.int32(max_new), eos_ids, prep.out_capacity, prep.cache_capacity)
+            state = dataclasses.replace(state, done=state.done | padding)
+            state.count.block_until_ready()
+            prefill_done = time.perf_counter()
+            if driver == "compiled":
+                state = decoder.run_compiled(params, state)
+            else:
+                state = decoder.run_python(params, state, on_tokens=stream, on_step=observe)
         host = jax.device_get(state)
         return host, time.perf_counter() - start, prefill_done - start
 

@@ -27,12 +27,15 @@ rows can share one cache row). The block is written into the cache afterwards by
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
 
 import cpu_kernels
+from jf_jax.model.kv_cache import LAYOUT as CACHE_LAYOUT
+from jf_jax.model.sharding import HEADS, ROWS, per_device
 
 CHUNK = 64
 _MASKED = -1e30  # finite: a query that sees no key at all gets exact zeros instead of NaN
@@ -115,6 +118,23 @@ def _kernel_runs(head_dim: int, dtype) -> bool:
     return cpu_kernels.attention_available() and cpu_kernels.attention_supports(head_dim, dtype)
 
 
+_TOKENS = (ROWS, None, HEADS, None)
+"""``sharding.per_device``'s layout of q, k_new, v_new and the output [B, T, H or K, Dh], and of one layer's cache
+[Bc, S, K, Dh]: rows over the batch axes, heads over ``tensor``."""
+
+
+def _kernel_per_device(kernel, q, k_new, v_new, new_valid, cache_k, cache_v, lengths, cache_layout, out_layouts):
+    """``kernel(q, k_new, v_new, new_valid, cache_k, cache_v, lengths)``, a CPU decode-attention kernel, run by each
+    device on its own rows and heads under the mesh the program is traced under (``sharding.per_device``; as it is
+    outside one). A query row reads only its cache row and a query head only its KV head, so nothing is gathered
+    (XLA cannot partition the call, and would gather the whole cache around it); rows are split only where the query
+    rows B and the cache rows Bc both divide, which keeps each query row on its cache row's device. Caches the kernel
+    returns aliased stay aliased, each device's block to its own input."""
+    lengths = jnp.broadcast_to(jnp.asarray(lengths, jnp.int32), cache_k.shape[-4:-3])  # [Bc]: one per cache row
+    layouts = (_TOKENS, _TOKENS, _TOKENS, (ROWS, None), cache_layout, cache_layout, (ROWS,))
+    return per_device(kernel, (q, k_new, v_new, new_valid, cache_k, cache_v, lengths), layouts, out_layouts)
+
+
 def layer_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths, layer: int, *, whole_cache: bool = False,
                     use_kernel: bool = True):
     """Layer ``layer``'s attention over every layer's cache, cache_k and cache_v [L, Bc, S, K, Dh]: returns (out,
@@ -128,8 +148,9 @@ def layer_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths, layer
     """
     if (use_kernel and not whole_cache and _kernel_runs(q.shape[-1], q.dtype) and cache_k.dtype == q.dtype
             and cache_v.dtype == q.dtype):
-        out, cache_k, cache_v = cpu_kernels.decode_attention_in_cache(q, k_new, v_new, new_valid, cache_k, cache_v,
-                                                                      lengths, layer)
+        kernel = functools.partial(cpu_kernels.decode_attention_in_cache, layer=layer)
+        out, cache_k, cache_v = _kernel_per_device(kernel, q, k_new, v_new, new_valid, cache_k, cache_v, lengths,
+                                                   CACHE_LAYOUT, (_TOKENS, CACHE_LAYOUT, CACHE_LAYOUT))
         return out.astype(q.dtype), cache_k, cache_v
     args = (q, k_new, v_new, new_valid, cache_k[layer], cache_v[layer], lengths)
     out = whole_cache_attention(*args) if whole_cache else cached_attention(*args, use_kernel=use_kernel)
@@ -155,7 +176,8 @@ def cached_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths, *, c
     if Bc < 1 or B % Bc:
         raise ValueError(f"cache has {Bc} rows for {B} query rows (expected a divisor of {B})")
     if use_kernel and _kernel_runs(Dh, q.dtype):
-        return cpu_kernels.decode_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths).astype(q.dtype)
+        return _kernel_per_device(cpu_kernels.decode_attention, q, k_new, v_new, new_valid, cache_k, cache_v,
+                                  lengths, _TOKENS, _TOKENS).astype(q.dtype)
     shared = Bc == 1 and B > 1
     G = H // K
     scale = 1.0 / math.sqrt(Dh)

@@ -15,6 +15,11 @@ import jax.numpy as jnp
 
 import cpu_kernels
 from jf_jax.model.config import ModelConfig
+from jf_jax.model.sharding import HEADS, ROWS, per_device
+
+LAYOUT = (None, ROWS, None, HEADS, None)
+"""The cache arrays [L, B, S, K, Dh] (and a block [L, B, T, K, Dh]) as ``sharding.per_device`` runs a CPU kernel on
+them: rows over the mesh's batch axes, KV heads over ``tensor``, as the decoders place them."""
 
 
 @jax.tree_util.register_dataclass
@@ -58,15 +63,15 @@ class KVCache:
         the new tokens and one block); ``dynamic_update_slice`` would otherwise clamp the start silently.
         Where the CPU kernels run (and ``use_kernel``: False in a program built for another platform), the write is
         ``cpu_kernels.write_cache`` (same result): XLA:CPU computes a 16-bit float ``dynamic_update_slice`` as a
-        float32 pass over the whole cache, at every decode step.
+        float32 pass over the whole cache, at every decode step. On a mesh each device writes its own rows and KV
+        heads (``write_per_device``).
         """
         if k_block.shape[1] != self.batch_size or v_block.shape[1] != self.batch_size:
             raise ValueError(f"KVCache.write: blocks of {k_block.shape[1]} rows for a cache of {self.batch_size}")
         def write(cache, block):
             if not (use_kernel and cpu_kernels.cache_write_available()):
                 return write_rows(cache, block, self.lengths)
-            return jax.lax.platform_dependent(cache, block, self.lengths, cpu=cpu_kernels.write_cache,
-                                              default=write_rows)
+            return jax.lax.platform_dependent(cache, block, self.lengths, cpu=write_per_device, default=write_rows)
 
         return dataclasses.replace(self, k=write(self.k, k_block), v=write(self.v, v_block))
 
@@ -87,3 +92,11 @@ def write_rows(cache, block, lengths):
     for b in range(cache.shape[1]):
         cache = jax.lax.dynamic_update_slice(cache, block[:, b:b + 1], (0, b, lengths[b], 0, 0))
     return cache
+
+
+def write_per_device(cache, block, lengths):
+    """``cpu_kernels.write_cache`` run by each device on its own rows and KV heads (``sharding.per_device``) under
+    the mesh the program is traced under: a row's write touches only its own slots, so nothing is gathered (XLA
+    cannot partition the call, and would gather the whole cache around it), and each device's block is written in
+    place, as the kernel writes the whole cache off a mesh."""
+    return per_device(cpu_kernels.write_cache, (cache, block, lengths), (LAYOUT, LAYOUT, (ROWS,)), LAYOUT)

@@ -11,8 +11,9 @@ does). Batches are split over ``data`` and ``fsdp`` along their leading (batch) 
 The tensor split is of whole heads, so a model's query heads and KV heads must both divide the ``tensor`` axis
 (``tensor_split_problem``): a mesh that would split a head, or leave some devices without a KV head, is refused by
 name before anything loads, rather than silently replicated. A head's attention reads only its own KV head and its
-row's tokens, so an attention kernel (an opaque custom call XLA cannot partition) runs on each device's rows and
-heads under ``jax.shard_map`` with no collective (``attention_per_device``).
+row's tokens, and a KV-cache write touches only its row's slots, so such a kernel (an opaque custom call XLA cannot
+partition: the training attention's Pallas kernels, the decode steps' CPU kernels) runs on each device's rows and
+heads under ``jax.shard_map`` with no collective (``per_device``).
 """
 
 from __future__ import annotations
@@ -125,29 +126,56 @@ def constrain_rows(x):
     return jax.lax.with_sharding_constraint(x, P(axes, *([None] * (x.ndim - 1))))
 
 
-def attention_per_device(kernel: Callable, q, k, v, q_meta, k_meta):
-    """``kernel(q, k, v, q_meta, k_meta)`` (q [B, T, H, D], k and v [B, S, K, D], metadata fields [B, N]) run by every
-    device on its own rows and heads, under the mesh the program is traced under (``jax.set_mesh``, as the train step
-    is); called as it is outside one.
+ROWS, HEADS = "rows", "heads"
+"""The roles ``per_device`` reads in a layout (one entry per dimension of an array; None: kept whole): a row
+dimension goes over the batch axes, a head dimension over ``tensor``."""
 
-    A Pallas kernel is a custom call that XLA's partitioner cannot split, so without this it gathers q, k and v whole
-    around the call on every device (or, for a call it must place on one device, onto that one). Rows go over the
-    batch axes and heads over ``tensor`` when they divide evenly (``tensor_split_problem`` checks the heads before a
-    run); the G query heads of a KV head stay together on one device, since both head axes split into equal
-    contiguous parts. An axis that does not divide stays whole on every device: correct, at the cost of a gather.
+
+def _is_layout(x) -> bool:
+    return isinstance(x, tuple) and all(d in (ROWS, HEADS, None) for d in x)
+
+
+def per_device(kernel: Callable, args: tuple, layouts: tuple, out_layouts):
+    """``kernel(*args)`` run by every device on its own rows and heads, under the mesh the program is traced under
+    (``jax.set_mesh``, as the train step and the decoders are); called as it is outside one.
+
+    A custom call (a Pallas kernel, a ``cpu_kernels`` call) is opaque to XLA's partitioner, so without this it
+    gathers the call's operands whole around it on every device (or, for a call it must place on one device, onto
+    that one). ``layouts`` gives each argument's layout (a tuple of ``ROWS``, ``HEADS`` or None per dimension; one
+    layout covers every array of an argument that is a pytree), ``out_layouts`` the output's (a tuple of layouts
+    for a tuple of outputs). Rows go over the batch axes when every row dimension divides evenly, heads over
+    ``tensor`` when every head dimension does (``tensor_split_problem`` checks a model's heads before a run);
+    otherwise that axis stays whole on every device: correct, at the cost of a gather. Every dimension of a role
+    is cut into equal contiguous parts, so what a kernel pairs by proportion stays together on one device: the G
+    query heads of a KV head, and the B // Bc query rows that read one cache row. An output aliased to an input
+    (an in-place cache update) stays aliased: each device's call updates its own block.
     """
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
-        return kernel(q, k, v, q_meta, k_meta)
+        return kernel(*args)
+    sized = [(role, n) for arg, layout in zip(args, layouts) for leaf in jax.tree.leaves(arg)
+             for role, n in zip(layout, leaf.shape)]
     rows = tuple(a for a in BATCH_AXES if a in mesh.axis_names)
-    if q.shape[0] % math.prod(mesh.shape[a] for a in rows):
+    if any(n % math.prod(mesh.shape[a] for a in rows) for role, n in sized if role == ROWS):
         rows = ()
     tensor = mesh.shape.get("tensor", 1)
-    heads = "tensor" if tensor > 1 and q.shape[2] % tensor == 0 and k.shape[2] % tensor == 0 else None
+    heads = "tensor" if tensor > 1 and all(n % tensor == 0 for role, n in sized if role == HEADS) else None
     if math.prod(mesh.shape[a] for a in rows) == 1 and heads is None:
-        return kernel(q, k, v, q_meta, k_meta)
-    split, by_rows = P(rows or None, None, heads, None), P(rows or None, None)
-    # check_vma=False: a pallas_call's output types do not say along which mesh axes they vary; here each output
+        return kernel(*args)
+    axes = {ROWS: rows or None, HEADS: heads, None: None}
+
+    def spec(layout):
+        return P(*(axes[role] for role in layout))
+
+    out_specs = spec(out_layouts) if _is_layout(out_layouts) else tuple(spec(x) for x in out_layouts)
+    # check_vma=False: a custom call's output types do not say along which mesh axes they vary; here each output
     # block is its device's own, as out_specs says.
-    return jax.shard_map(kernel, in_specs=(split, split, split, by_rows, by_rows), out_specs=split,
-                         check_vma=False)(q, k, v, q_meta, k_meta)
+    return jax.shard_map(kernel, in_specs=tuple(spec(x) for x in layouts), out_specs=out_specs,
+                         check_vma=False)(*args)
+
+
+def attention_per_device(kernel: Callable, q, k, v, q_meta, k_meta):
+    """``kernel(q, k, v, q_meta, k_meta)`` (q [B, T, H, D], k and v [B, S, K, D], metadata fields [B, N]) on each
+    device's rows and heads (``per_device``): the training attention's Pallas kernels."""
+    heads, by_rows = (ROWS, None, HEADS, None), (ROWS, None)
+    return per_device(kernel, (q, k, v, q_meta, k_meta), (heads, heads, heads, by_rows, by_rows), heads)

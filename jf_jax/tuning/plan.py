@@ -280,7 +280,7 @@ def decode_step(model: ModelConfig, platform: str = ACCELERATOR):
 def compile_decode(cfg: ModelConfig, mesh_shape: MeshShape, decode: DecodeShape, tokens: int,
                    platform: str = ACCELERATOR) -> CompiledProgram:
     """``decode_step`` of ``tokens`` tokens per row, built for ``platform``, the cache donated (a decode loop updates
-    it in place)."""
+    it in place), traced under the mesh as the decoders' programs are."""
     from jax.sharding import NamedSharding, PartitionSpec as P
 
     from jf_jax.model.decode_jit import decode_jit
@@ -293,4 +293,8 @@ def compile_decode(cfg: ModelConfig, mesh_shape: MeshShape, decode: DecodeShape,
     head = () if view.lm_head is None else view.lm_head
     parts = dict(weights=(view.layers, view.final_norm, head), embedding=view.embed, kv_cache=(cache.k, cache.v),
                  tokens=(ids, cache.lengths))
-    return compile_program(f"decode_{tokens}", lambda: program.program().lower(view, ids, cache), parts)
+
+    def lower():  # under the mesh, as the decoders trace (``placement.traced_on``): a CPU kernel runs per device
+        with placement.traced_on(mesh):
+            return program.program().lower(view, ids, cache)
+    return compile_program(f"decode_{tokens}", lower, parts)

@@ -18,9 +18,11 @@ the operand shapes of each ``tpu_custom_call`` (each device's rows and heads), a
 with the ``libtpu`` package importable, the same program compiled for an 8-chip TPU v5e slice and its all-gathers.
 
 ``decode``: no decoder runs a Pallas kernel (decode attention is ``model.cached_attention``, plain JAX, off the
-CPU). The planner's decode steps built for an accelerator on each mesh (and for this CPU on the first): the bytes
-each gathers, against one layer's whole KV cache; with libtpu importable, also the step built for a TPU and compiled
-for a TPU v5e slice.
+CPU). The planner's decode steps on each mesh, built for an accelerator and for this CPU (where the CPU kernels'
+cache write and decode attention, custom calls XLA cannot partition, run per device under the mesh the step is
+traced under: ``sharding.per_device``): the bytes each gathers, against one layer's whole KV cache, and for the
+CPU's step the kernels it calls and its per-device computations; with libtpu importable, also the step built for a
+TPU and compiled for a TPU v5e slice.
 """
 
 import importlib.util
@@ -201,27 +203,46 @@ def for_tpu(inputs) -> dict:
     return report
 
 
+def cpu_kernel_calls(cfg, mesh_shape, decode, tokens) -> dict:
+    """The ``cpu_kernels`` targets in the decode step built for this CPU and lowered under its mesh, how many calls
+    of them it makes, and how many of its computations run per device (``sdy.manual_computation``:
+    ``sharding.per_device``'s shard_maps)."""
+    from jf_jax.tuning import plan
+
+    mesh = plan.build_mesh(mesh_shape)
+    model, view, ids, cache = plan.decode_inputs(cfg, decode, tokens, mesh)
+    with jax.set_mesh(mesh):
+        text = jax.jit(plan.decode_step(model, "cpu")).lower(view, ids, cache).as_text()
+    calls = re.findall(r"stablehlo\.custom_call @(jf_\w+)", text)
+    return {"kernels": sorted(set(calls)), "kernel_calls": len(calls),
+            "per_device_calls": text.count("sdy.manual_computation")}
+
+
 def decode_programs() -> dict:
     """All-gathered bytes per step of the planner's decode steps (one token and a Jacobi block of 4 over 1,020
-    committed slots, 4 rows) built for ``plan.ACCELERATOR`` and for this CPU, and one layer's whole K cache."""
+    committed slots, 4 rows) built for ``plan.ACCELERATOR`` and for this CPU, and one layer's whole K cache. The test
+    model with a head size the CPU attention kernel takes (a multiple of 32), so the CPU's step runs both kernels."""
     from jf_jax.tuning import plan
     from tests.support.decoding_models import CFG
 
+    model_cfg = CFG.replace(head_dim=32)
     decode = plan.DecodeShape(batch=4, context=1020, block_size=4)
-    layer_cache = 4 * 1024 * CFG.num_kv_heads * CFG.head_dim * 2  # bfloat16 [B, S, K, Dh]: one layer's keys
+    layer_cache = 4 * 1024 * model_cfg.num_kv_heads * model_cfg.head_dim * 2  # one layer's keys, bf16 [B, S, K, Dh]
     report = {"layer_cache_bytes": layer_cache}
     devices = tpu_devices()
     for shape in MESHES:
         mesh = plan.MeshShape(data=shape[0], fsdp=shape[1], tensor=shape[2])
         for tokens in (1, 4):
-            for platform in (plan.ACCELERATOR, "cpu") if shape == MESHES[0] else (plan.ACCELERATOR,):
-                program = plan.compile_decode(CFG, mesh, decode, tokens, platform=platform)
-                report[f"{platform} {'x'.join(map(str, shape))} {tokens}"] = {
-                    "all_gather_bytes": program.hlo.collective_bytes["all-gather"],
-                    "kv_cache_bytes_per_device": program.parts["kv_cache"]}
+            for platform in (plan.ACCELERATOR, "cpu"):
+                program = plan.compile_decode(model_cfg, mesh, decode, tokens, platform=platform)
+                record = {"all_gather_bytes": program.hlo.collective_bytes["all-gather"],
+                          "kv_cache_bytes_per_device": program.parts["kv_cache"]}
+                if platform == "cpu":
+                    record.update(cpu_kernel_calls(model_cfg, mesh, decode, tokens))
+                report[f"{platform} {'x'.join(map(str, shape))} {tokens}"] = record
             if devices is not None:
                 tpu_mesh = Mesh(np.array(devices[:int(np.prod(shape))]).reshape(shape), MESH_AXES)
-                model, view, ids, cache = plan.decode_inputs(CFG, decode, tokens, tpu_mesh)
+                model, view, ids, cache = plan.decode_inputs(model_cfg, decode, tokens, tpu_mesh)
                 shardings = (NamedSharding(tpu_mesh, P(BATCH_AXES)), jax.tree.map(lambda x: x.sharding, cache))
                 compiled = jax.jit(plan.decode_step(model, "tpu"), donate_argnums=2, out_shardings=shardings).trace(
                     view, ids, cache).lower(lowering_platforms=("tpu",)).compile()
@@ -234,8 +255,8 @@ def main(part: str):
     if part == "decode":
         import cpu_kernels
 
-        report = {"devices": jax.device_count(), "cpu_cache_write": cpu_kernels.cache_write_available(),
-                  "decode": decode_programs()}
+        kernels = cpu_kernels.cache_write_available() and cpu_kernels.attention_available()
+        report = {"devices": jax.device_count(), "cpu_kernels": kernels, "decode": decode_programs()}
     else:
         host_params = numpy_params(TINY, seed=0)
         host_batch = synthetic_batch(TINY.vocab_size, 8, SEQ)
