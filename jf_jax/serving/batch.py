@@ -232,6 +232,27 @@ def empty_batch(row, layout: Layout):
     return with_done(dataclasses.replace(rows, cache=cache), np.ones((layout.rows,), bool))
 
 
+def place_state(mesh, state):
+    """The batch state on ``mesh`` (unchanged without one): every array of one entry per row split by rows over
+    the batch axes, the KV cache [L, B, S, K, Dh] by rows and by KV heads over ``tensor`` (as the weights that
+    write it are split), anything else whole on every device. The steps keep these placements, so the programs
+    compiled at warm-up are the ones every request meets."""
+    if mesh is None:
+        return state
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from jf_jax.model.sharding import BATCH_AXES
+
+    B = state.count.shape[0]
+    heads = "tensor" if state.cache.k.shape[3] % mesh.shape["tensor"] == 0 else None
+    by_rows = lambda x: NamedSharding(mesh, P(BATCH_AXES) if x.ndim and x.shape[0] == B else P())  # noqa: E731
+    placed = jax.tree.map(lambda x: jax.device_put(x, by_rows(x)), dataclasses.replace(state, cache=None))
+    cache = NamedSharding(mesh, P(None, BATCH_AXES, None, heads, None))
+    return dataclasses.replace(placed, cache=dataclasses.replace(
+        state.cache, k=jax.device_put(state.cache.k, cache), v=jax.device_put(state.cache.v, cache),
+        lengths=jax.device_put(state.cache.lengths, by_rows(state.cache.lengths))))
+
+
 def with_done(state, done: np.ndarray):
     """``state`` with its ``done`` flags replaced (how one lane's step leaves the other lanes' rows alone). The new
     array is *committed* to the state's device like every output of a jitted program: JAX keys its compiled programs

@@ -14,6 +14,7 @@ import os
 import sys
 import time
 
+from jf_jax.cli.mesh import build_mesh, mesh_error, parse_mesh, plain_layout
 from jf_jax.decoding.common import GenerationError
 from jf_jax.decoding.sampling import Sampling
 from jf_jax.serving.batch import SERVED_METHODS, BatchConfig, ServedMethod
@@ -93,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-sampling", type=int, default=EngineConfig.max_sampling,
                    help="distinct (temperature, top_p) settings the server compiles, greedy included")
     p.add_argument("--decode-shape", default=defaults.decode_shape, help="auto, off or ROWSxWIDTH (jf-jax decode)")
+    p.add_argument("--mesh", type=parse_mesh, help="decode on several devices, e.g. tensor=4 or data=2,tensor=4: "
+                   "weights and KV cache heads split over tensor, each batch's rows over data x fsdp (--max-batch a "
+                   "multiple of data x fsdp), as jf-jax decode --mesh")
     # 25 s: within the 30 s a container orchestrator commonly grants between SIGTERM and SIGKILL
     p.add_argument("--drain-seconds", type=float, default=25.0,
                    help="on SIGTERM or Ctrl-C, how long running and queued requests may take to finish before they "
@@ -139,11 +143,12 @@ def engine_config(args) -> EngineConfig:
                         warm_sampling=tuple(dict.fromkeys(s for s in args.sampling if not s.is_greedy)))
 
 
-def build(model, spec: str, config: EngineConfig, name: str | None = None):
-    """(engine, app) for a loaded model; the engine is started (it warms up in its thread)."""
+def build(model, spec: str, config: EngineConfig, name: str | None = None, mesh=None):
+    """(engine, app) for a loaded model, decoding on ``mesh`` (None: one device); the engine is started (it warms
+    up in its thread)."""
     from jf_jax.serving.app import create_app  # deferred: starlette is only needed to serve
 
-    engine = Engine(model, config).start()
+    engine = Engine(model, config, mesh).start()
     return engine, create_app(engine, served_for(model, spec, name, engine))
 
 
@@ -158,17 +163,26 @@ def report_when_ready(engine: Engine, started: float, server) -> None:
             return
     total, _ = engine.metrics.compiled()
     layout = next(iter(engine.groups.values())).layout
+    mesh = "one device" if engine.mesh is None else ", ".join(f"{a}={n}" for a, n in engine.mesh.shape.items())
     log.info("ready after %.1f s: %d programs compiled; methods %s (the first is the default), %d slots each, "
-             "context %d, prompt buckets %s", time.perf_counter() - started, total,
+             "context %d, prompt buckets %s; %s", time.perf_counter() - started, total,
              ", ".join(m.describe() for m in engine.groups), layout.rows, layout.max_context,
-             ",".join(map(str, layout.prompt_buckets)))
+             ",".join(map(str, layout.prompt_buckets)), mesh)
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # orbax (through absl) narrates every cache write of a converted model at INFO: not the server's news
+    logging.getLogger("absl").setLevel(max(logging.WARNING, logging.getLogger().level))
     try:
         config = engine_config(args)
+        problem = mesh_error(args.mesh)  # the devices against the mesh, before the model loads
+        if problem is None and args.mesh is not None and args.max_batch % (args.mesh.data * args.mesh.fsdp):
+            problem = (f"--max-batch {args.max_batch} does not split over the {args.mesh.data * args.mesh.fsdp} "
+                       f"row devices of --mesh {args.mesh} (data x fsdp): use a multiple of it")
+        if problem:
+            raise GenerationError(problem)
     except GenerationError as e:
         print(f"jf-jax serve: error: {e}", file=sys.stderr)
         return 2
@@ -180,8 +194,13 @@ def main(argv=None) -> int:
     from jf_jax.serving.app import DrainingServer  # deferred: uvicorn is only needed to serve
 
     started = time.perf_counter()
-    model = api.load_model(args.model, dtype=args.dtype)
-    engine, app = build(model, args.model, config, args.served_model_name)
+    model = api.load_model(args.model, dtype=args.dtype, **plain_layout(args.mesh))
+    try:
+        mesh = build_mesh(args.mesh, model.cfg)  # a model whose heads the tensor axis cannot split is refused
+    except ValueError as e:
+        print(f"jf-jax serve: error: {e}", file=sys.stderr)
+        return 2
+    engine, app = build(model, args.model, config, args.served_model_name, mesh)
     server = DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            access_log=args.log_level == "debug"), engine, args.drain_seconds)
     threading.Thread(target=report_when_ready, args=(engine, started, server), daemon=True).start()

@@ -37,6 +37,7 @@ import time
 import numpy as np
 
 from jf_jax.decoding.common import StopReason, eos_array
+from jf_jax.decoding.placement import place_params
 from jf_jax.decoding.sampling import GREEDY, Sampling
 from jf_jax.model.decode_view import as_decode_view
 from jf_jax.serving import batch as rows
@@ -93,11 +94,13 @@ class Handle:
 class Engine:
     """The scheduler of one server: a group per served pair, the queue, the lock the HTTP side shares."""
 
-    def __init__(self, model, config: EngineConfig):
-        self.model, self.config = model, config
-        self.params = as_decode_view(model.params)
+    def __init__(self, model, config: EngineConfig, mesh=None):
+        """``mesh``: the devices to decode on (``model.sharding``'s axes; ``serving.group``), or None for one."""
+        self.model, self.config, self.mesh = model, config, mesh
+        self.params = place_params(mesh, as_decode_view(model.params), model.cfg)
         self.eos = eos_array(model.tokenizer.eos_ids)
-        self.groups = {m: Group(model.cfg, self.params, self.eos, config.batch.for_method(m)) for m in config.served}
+        self.groups = {m: Group(model.cfg, self.params, self.eos, config.batch.for_method(m), mesh)
+                       for m in config.served}
         first = next(iter(self.groups.values())).layout
         self.max_context, self.slots_per_group = first.max_context, first.rows  # the same in every group
         self.metrics = Metrics([method_labels(m.method, m.block_size) for m in self.groups])
@@ -174,6 +177,7 @@ class Engine:
                     "batch_occupancy": ("fraction of the batches' rows holding a request", running / slots),
                     "sampling_lanes": ("sampling settings compiled or compiling", len(self._samplings())),
                     "served_methods": ("(method, block size) pairs served, a batch each", len(self.groups)),
+                    "devices": ("devices the batches decode on (--mesh)", 1 if self.mesh is None else self.mesh.size),
                     "method_running_requests": ("requests holding a slot, by served method", by_method),
                     "ready": ("1 once warm-up is done", float(self.ready.is_set()))}
 

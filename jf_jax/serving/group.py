@@ -7,6 +7,10 @@ one after the other; groups share the weights and nothing else, so a row meets e
 would on a server of that one pair. Rows of two pairs cannot share a batch state: the loop states differ in
 structure between methods (an mr state has a pool and several blocks) and in shape between block sizes.
 
+On a mesh (``jf-jax serve --mesh``) the weights are split as ``decoding.placement`` places them, the batch state's
+rows over the batch axes and its KV cache's heads over ``tensor`` (``batch.place_state``), and every program is
+traced under the mesh (``placement.traced_on``), as ``jf-jax decode --mesh`` runs them.
+
 Everything here runs in the engine's threads; the engine's lock guards ``lanes`` and ``slots``.
 """
 
@@ -17,6 +21,7 @@ import threading
 
 import numpy as np
 
+from jf_jax.decoding.placement import traced_on
 from jf_jax.decoding.sampling import GREEDY, Sampling
 from jf_jax.model.config import ModelConfig
 from jf_jax.serving import batch as rows
@@ -41,8 +46,8 @@ class Lane:
 class Group:
     """The slots of one ``ServedMethod``: a batch state of ``layout.rows`` rows and the lanes that step it."""
 
-    def __init__(self, cfg: ModelConfig, params, eos: np.ndarray, batch: rows.BatchConfig):
-        self.cfg, self.params, self.eos, self.batch = cfg, params, eos, batch
+    def __init__(self, cfg: ModelConfig, params, eos: np.ndarray, batch: rows.BatchConfig, mesh=None):
+        self.cfg, self.params, self.eos, self.batch, self.mesh = cfg, params, eos, batch, mesh
         self.method = batch.served_method
         self.label = method_labels(self.method.method, self.method.block_size)
         self.layout = rows.plan_layout(cfg, batch)
@@ -57,7 +62,8 @@ class Group:
         return lane
 
     def prefill(self, lane: Lane, prompt, max_new: int, seed: int):
-        return rows.prefill_row(lane.decoder, self.params, self.layout, list(prompt), max_new, self.eos, seed)
+        with traced_on(self.mesh):
+            return rows.prefill_row(lane.decoder, self.params, self.layout, list(prompt), max_new, self.eos, seed)
 
     def compile_lane(self, lane: Lane, closing: threading.Event) -> None:
         """Compiles a lane's programs (one prefill per prompt bucket and its step) on throwaway states; raises
@@ -67,7 +73,8 @@ class Group:
             if closing.is_set():
                 raise ShutDown
             row = self.prefill(lane, self._filler(width), 1, seed=0)
-        rows.read_rows(lane.decoder.step(self.params, rows.empty_batch(row, self.layout)))
+        with traced_on(self.mesh):
+            rows.read_rows(lane.decoder.step(self.params, self._empty_batch(row)))
 
     def warm_up(self, lanes: list[Lane]) -> None:
         """The group's batch state, built so that every program a request can reach is compiled: the row insertion
@@ -76,25 +83,32 @@ class Group:
         self.reset()
         greedy = self.lanes[GREEDY]
         for width in self.layout.prompt_buckets:
-            self.state = rows.insert_row(self.state, self.prefill(greedy, self._filler(width), 1, seed=0), 0)
-        self.state = rows.finish_row(self.state, 0)
-        for lane in lanes:
-            self.state = lane.decoder.step(self.params, self.state)
+            self.insert(self.prefill(greedy, self._filler(width), 1, seed=0), 0)
+        self.finish(0)
+        with traced_on(self.mesh):
+            for lane in lanes:
+                self.state = lane.decoder.step(self.params, self.state)
         rows.read_rows(self.state)
 
     def reset(self) -> None:
         """A fresh batch state of done rows (also after a failure that may have consumed the old one: its buffers
         are donated)."""
-        self.state = rows.empty_batch(self.prefill(self.lanes[GREEDY], [0], 1, seed=0), self.layout)
+        self.state = self._empty_batch(self.prefill(self.lanes[GREEDY], [0], 1, seed=0))
+
+    def _empty_batch(self, row):
+        with traced_on(self.mesh):
+            return rows.place_state(self.mesh, rows.empty_batch(row, self.layout))
 
     def _filler(self, width: int) -> list[int]:
         return [0] * min(width, self.layout.max_context - 1)
 
     def insert(self, row, slot: int) -> None:
-        self.state = rows.insert_row(self.state, row, slot)
+        with traced_on(self.mesh):
+            self.state = rows.insert_row(self.state, row, slot)
 
     def finish(self, slot: int) -> None:
-        self.state = rows.finish_row(self.state, slot)
+        with traced_on(self.mesh):
+            self.state = rows.finish_row(self.state, slot)
 
     def running(self) -> np.ndarray:
         return np.array([h is not None for h in self.slots])
@@ -107,6 +121,10 @@ class Group:
         lane_of = [h.request.sampling if h is not None else None for h in self.slots]
         active = list(dict.fromkeys(s for s in lane_of if s is not None))
         before = np.asarray(self.state.done)
+        with traced_on(self.mesh):
+            return self._step_lanes(running, lane_of, active, before)
+
+    def _step_lanes(self, running: np.ndarray, lane_of: list, active: list, before: np.ndarray):
         if len(active) == 1:  # the other rows are done already
             self.state = self.lanes[active[0]].decoder.step(self.params, self.state)
         else:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -101,13 +102,13 @@ def serve_in_thread(engine, app):
 
 
 @contextlib.contextmanager
-def serve_in_subprocess(*args: str, timeout: float = 600):
-    """``python -m jf_jax.serve ARGS --port FREE`` until the block ends; yields a ``Client`` whose ``process`` is the
-    server's ``Popen`` and ``log`` the file of its stdout and stderr."""
+def serve_in_subprocess(*args: str, timeout: float = 600, env: dict | None = None):
+    """``python -m jf_jax.serve ARGS --port FREE`` until the block ends (``env``: variables added to this process's);
+    yields a ``Client`` whose ``process`` is the server's ``Popen`` and ``log`` the file of its stdout and stderr."""
     port = free_port()
     log = tempfile.TemporaryFile("w+")  # a file, not a pipe: a chatty server never blocks on a full pipe
     proc = subprocess.Popen([sys.executable, "-m", "jf_jax.serve", *args, "--port", str(port)], stdout=log,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})})
     client = Client(port)
     client.process, client.log = proc, log
     try:
