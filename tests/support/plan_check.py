@@ -155,5 +155,24 @@ def main(tmp: Path):
     print(json.dumps(report))
 
 
+def memory_by_length(lengths: list[int]) -> dict:
+    """The medium model's plan against its real step (``real_step``) at each row length of ``lengths`` (8 rows,
+    fsdp = 8): how the gap between the plan and the resident rise changes as the step's own buffers grow.
+    ``python -m tests.support.plan_check --lengths 512,1024,2048`` (a study, not a test)."""
+    medium, fsdp8, out = from_hf_config(MEDIUM_HF), plan.MeshShape(fsdp=8), {}
+    for n in lengths:
+        train = plan.TrainShape(seq_len=n, batch=8, prompt_len=64)
+        program = plan.compile_train(medium, fsdp8, train)
+        real = real_step(medium, fsdp8, train)
+        out[n] = dict(plan_peak=program.peak_bytes, executable_total=real["executable_total"],
+                      resident_total=real["resident_total"], gap_bytes=real["resident_total"] - program.peak_bytes,
+                      under=round(1 - program.peak_bytes / real["resident_total"], 4))
+    return out
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    if sys.argv[1] == "--lengths":
+        print(json.dumps({"devices": jax.device_count(), "by_length": memory_by_length(
+            [int(n) for n in sys.argv[2].split(",")])}))
+    else:
+        main(Path(sys.argv[1]))
