@@ -157,13 +157,14 @@ def main(tmp: Path):
 
 def memory_by_length(lengths: list[int]) -> dict:
     """The medium model's plan against its real step (``real_step``) at each row length of ``lengths`` (8 rows,
-    fsdp = 8): how the gap between the plan and the resident rise changes as the step's own buffers grow.
-    ``python -m tests.support.plan_check --lengths 512,1024,2048`` (a study, not a test)."""
-    medium, fsdp8, out = from_hf_config(MEDIUM_HF), plan.MeshShape(fsdp=8), {}
+    fsdp over every device of the process): how the gap between the plan and the resident rise changes as the
+    step's own buffers grow. ``python -m tests.support.plan_check --lengths 512,1024,2048`` (a study, not a test),
+    with XLA_FLAGS=--xla_force_host_platform_device_count=8 or 1."""
+    medium, mesh, out = from_hf_config(MEDIUM_HF), plan.MeshShape(fsdp=jax.device_count()), {}
     for n in lengths:
         train = plan.TrainShape(seq_len=n, batch=8, prompt_len=64)
-        program = plan.compile_train(medium, fsdp8, train)
-        real = real_step(medium, fsdp8, train)
+        program = plan.compile_train(medium, mesh, train)
+        real = real_step(medium, mesh, train)
         out[n] = dict(plan_peak=program.peak_bytes, executable_total=real["executable_total"],
                       resident_total=real["resident_total"], gap_bytes=real["resident_total"] - program.peak_bytes,
                       under=round(1 - program.peak_bytes / real["resident_total"], 4))
