@@ -44,3 +44,23 @@ def test_heads_that_do_not_divide_the_tensor_axis_are_named():
     with pytest.raises(ValueError, match="query heads 9 and KV heads 3 do not divide the tensor axis of 2"):
         mesh_option.build_mesh(mesh_option.MeshSpec(tensor=2), cfg)
     assert mesh_option.build_mesh(None, cfg) is None
+
+
+def test_heads_are_checked_from_the_config_before_the_weights_load(monkeypatch, capsys):
+    """The embedded SmolLM2's 9 query and 3 KV heads against tensor=2, read from its GGUF's metadata: refused in one
+    line naming the model, with ``weights.load`` never called (devices taken as enough)."""
+    import jf_jax.api
+    from jf_jax import weights
+    from jf_jax.model import sharding
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model must not load")
+
+    monkeypatch.setattr(jf_jax.api, "load_model", no_load)
+    monkeypatch.setattr(weights, "load", no_load)
+    monkeypatch.setattr(sharding, "mesh_problem", lambda *args: None)
+    assert decode_main(["--prompt", "hi", "--mesh", "tensor=2", "--methods", "ar"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "smollm2-135m" in err, err
+    assert "query heads 9 and KV heads 3 do not divide the tensor axis of 2" in err
+    assert mesh_option.mesh_error(mesh_option.MeshSpec(tensor=3), ["smollm2-135m"]) is None  # 9 and 3 split 3 ways

@@ -176,7 +176,7 @@ def main(argv=None) -> int:
     if args.mesh is not None and args.batch_size == 1:
         problems.append("--mesh spreads the batched recorder: give --batch-size > 1 with it")
     if not (args.distributed or args.coordinator):  # a multi-process run counts its devices once it has joined
-        problems += [p for p in (mesh_error(args.mesh),) if p]  # the devices against the mesh, before anything loads
+        problems += [p for p in (mesh_error(args.mesh, [args.model]),) if p]  # devices and heads, before anything loads
     if problems:
         print(f"error: {'; '.join(problems)}", file=sys.stderr)
         return 2
@@ -211,7 +211,7 @@ def main(argv=None) -> int:
             raise CollectInputError(f"no prompts selected from {args.prompts}")
         init_distributed(args)
         if args.distributed or args.coordinator:
-            problem = mesh_error(args.mesh)  # this process's devices against the mesh, before anything loads
+            problem = mesh_error(args.mesh, [args.model])  # this process's devices and the heads, before anything loads
             if problem:
                 raise CollectInputError(problem)
         out, rows = process_share(args.out, rows)

@@ -151,7 +151,7 @@ def check_args(args) -> None:
     check_values(args)
     if not args.tune:
         decode_shape(args, backend="cpu")  # the value and, for RxW, that it covers every method
-    problem = mesh_error(args.mesh)  # the devices against the mesh, before any model loads
+    problem = mesh_error(args.mesh, [args.model])  # devices and heads against the mesh, before any model loads
     if problem:
         raise ValueError(problem)
 

@@ -115,7 +115,7 @@ def main(argv=None) -> int:
     if problem:
         return _refuse(problem)
     init_distributed(args)
-    problem = mesh_error(args.mesh)  # the devices against the mesh, before anything loads
+    problem = mesh_error(args.mesh, args.model)  # devices and heads against the mesh, before anything loads
     if problem:
         return _refuse(problem)
     import jax

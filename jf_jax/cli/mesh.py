@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from typing import Sequence
 
 AXES = ("data", "fsdp", "tensor")
 
@@ -40,9 +41,11 @@ def parse_mesh(text: str) -> MeshSpec:
     return MeshSpec(**sizes)
 
 
-def mesh_error(spec: MeshSpec | None) -> str | None:
-    """Why this process's devices cannot hold ``spec`` (one line for the CLI), or None. In a multi-process run, call
-    it after ``jax.distributed`` has joined (counting devices starts the runtime)."""
+def mesh_error(spec: MeshSpec | None, models: Sequence[str] = ()) -> str | None:
+    """Why this process's devices cannot hold ``spec``, or the ``tensor`` axis cannot split the heads of one of
+    ``models`` (specs; their configs are read without their weights), as one line for the CLI; None when all is
+    well. In a multi-process run, call it after ``jax.distributed`` has joined (counting devices starts the
+    runtime). A model spec that cannot be read is left to the load, which names the problem."""
     if spec is None:
         return None
     import jax
@@ -54,7 +57,21 @@ def mesh_error(spec: MeshSpec | None) -> str | None:
     problem = mesh_problem(spec.data, spec.fsdp, spec.tensor, jax.local_device_count())
     if problem and "does not fit" in problem:
         problem += (" (on a CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N makes N devices of its cores)")
-    return None if problem is None else f"--mesh {spec}: {problem}"
+    if problem:
+        return f"--mesh {spec}: {problem}"
+    if spec.tensor > 1:
+        from jf_jax import weights
+        from jf_jax.model.sharding import tensor_split_problem
+
+        for model in models:
+            try:
+                cfg = weights.read_config(model)
+            except (ValueError, OSError):
+                continue
+            problem = tensor_split_problem(cfg, spec.tensor)
+            if problem:
+                return f"--mesh {spec}: {model}: {problem}"
+    return None
 
 
 def build_mesh(spec: MeshSpec | None, cfg=None):

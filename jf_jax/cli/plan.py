@@ -35,16 +35,8 @@ def model_shape(spec: str) -> ModelConfig:
     if path.is_file() and path.suffix == ".json":
         return from_hf_config(json.loads(path.read_text()))
     from jf_jax import weights
-    from jf_jax.weights import gguf, run_dir
 
-    kind, source, _ = weights.resolve(spec)  # a WeightsError (ValueError) names what it accepts
-    if kind == "run":
-        return run_dir.load_model_config(source)
-    if kind == "hf_dir":
-        return from_hf_config(json.loads((Path(source) / "config.json").read_text()))
-    reader = gguf.open_gguf(source)
-    return from_hf_config(gguf.hf_config_from_metadata(gguf.read_metadata(reader, source),
-                                                       [t.name for t in reader.tensors], source))
+    return weights.read_config(spec)  # a WeightsError (ValueError) names what it accepts
 
 
 def build_parser() -> argparse.ArgumentParser:

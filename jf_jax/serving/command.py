@@ -177,7 +177,7 @@ def main(argv=None) -> int:
     logging.getLogger("absl").setLevel(max(logging.WARNING, logging.getLogger().level))
     try:
         config = engine_config(args)
-        problem = mesh_error(args.mesh)  # the devices against the mesh, before the model loads
+        problem = mesh_error(args.mesh, [args.model])  # devices and heads against the mesh, before the model loads
         if problem is None and args.mesh is not None and args.max_batch % (args.mesh.data * args.mesh.fsdp):
             problem = (f"--max-batch {args.max_batch} does not split over the {args.mesh.data * args.mesh.fsdp} "
                        f"row devices of --mesh {args.mesh} (data x fsdp): use a multiple of it")

@@ -26,7 +26,7 @@ from jf_jax.weights.gguf import load_gguf
 from jf_jax.weights.hf_dir import load_hf_dir
 from jf_jax.weights.packaged import QWEN2_5_CODER_0_5B, qwen_coder_gguf_path
 
-__all__ = ["LoadedModel", "WeightsError", "load", "resolve", "KNOWN_MODELS", "smollm2_gguf_path"]
+__all__ = ["LoadedModel", "WeightsError", "load", "read_config", "resolve", "KNOWN_MODELS", "smollm2_gguf_path"]
 
 KNOWN_MODELS = {"smollm2-135m": smollm2_gguf_path, QWEN2_5_CODER_0_5B.name: qwen_coder_gguf_path}
 """Model names ``load`` accepts, each mapped to a function returning its local file."""
@@ -73,6 +73,26 @@ def resolve(spec: str) -> tuple[str, str, str]:
                                f"directory; accepted: {_ACCEPTED}")
         return "hf_dir", path, name
     raise WeightsError(f"unknown model {spec!r}: no such model name, file or directory; accepted: {_ACCEPTED}")
+
+
+def read_config(spec: str) -> ModelConfig:
+    """The config of the model ``spec`` names, without its weights: a HF directory's config.json, a training run's
+    model config, a .gguf file's metadata (cheap: how a command checks a model against its options, e.g. its heads
+    against a mesh, before it loads the weights)."""
+    import json
+
+    from jf_jax.model.config import from_hf_config
+    from jf_jax.weights import gguf, run_dir
+
+    kind, source, _ = resolve(spec)  # a WeightsError names what it accepts
+    if kind == "run":
+        return run_dir.load_model_config(source)
+    if kind == "hf_dir":
+        with open(os.path.join(source, "config.json")) as f:
+            return from_hf_config(json.load(f))
+    reader = gguf.open_gguf(source)
+    return from_hf_config(gguf.hf_config_from_metadata(gguf.read_metadata(reader, source),
+                                                       [t.name for t in reader.tensors], source))
 
 
 def load(spec: str, dtype: str = "float32", cache: bool = True) -> LoadedModel:
