@@ -149,17 +149,15 @@ def main(argv=None, program: str = "python -m jf_jax.benchmarks.ablation") -> in
         configs = {name: load_config(args.config, shared + overrides) for name, overrides in variants}
     except (ConfigKeyError, OSError) as e:
         p.error(str(e))
-    from jf_jax.training.setup import checked_trajectory_dirs
+    from jf_jax.training.config import check_before_training
     from jf_jax.training.trajectories import TrajectoryFormatError
     from jf_jax.weights import WeightsError
 
     if not tcfg.model.path:
         p.error(f"{args.config}: no model.path; the ablation starts from a real base model (e.g. smollm2-135m)")
-    try:  # the data every variant trains on, and the base model's spec, before the base model is measured
+    try:  # every variant's data and mesh, and the base model's spec, before the base model is measured
         for cfg in (tcfg, *configs.values()):
-            if cfg.data.source == "trajectories":
-                paths = (cfg.data.path,) if isinstance(cfg.data.path, str) else cfg.data.path
-                checked_trajectory_dirs(paths, cfg.data.block_size)
+            check_before_training(cfg)
         base_model = load_model(tcfg.model.path)
     except (ConfigKeyError, TrajectoryFormatError, WeightsError) as e:
         p.error(str(e))

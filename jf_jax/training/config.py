@@ -104,6 +104,11 @@ class DataSection:
     """Seeds the data order and the random noise schedule."""
     synthetic: SyntheticSection = SyntheticSection()
 
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """``path`` as a tuple of directories (one, a list, or none)."""
+        return (self.path,) if isinstance(self.path, str) else tuple(self.path or ())
+
     def __post_init__(self):
         if self.source not in DATA_SOURCES:
             raise ConfigKeyError(f"data.source must be one of {DATA_SOURCES}, got {self.source!r}")
@@ -315,8 +320,17 @@ def check_before_training(tcfg: TrainConfig) -> None:
     if problem:
         raise ConfigKeyError(f"mesh: {problem}")
     if tcfg.data.source == "trajectories":
-        d = tcfg.data
-        for path in [t for p in ((d.path,) if isinstance(d.path, str) else d.path) for t in trajectory_dirs(p)]:
-            block_size = read_manifest(path)["block_size"]
-            if block_size != d.block_size:  # the message of setup.build_stream's own check
-                raise ConfigKeyError(f"data.block_size={d.block_size} but {path} holds blocks of {block_size}")
+        checked_trajectory_dirs(tcfg.data.paths, tcfg.data.block_size)
+
+
+def checked_trajectory_dirs(paths: Sequence[str], block_size: int) -> list[str]:
+    """The trajectory directories ``paths`` stand for (``trajectories.trajectory_dirs``), each checked to hold a
+    manifest of blocks of ``block_size`` (``ConfigKeyError`` otherwise, ``TrajectoryFormatError`` for no
+    trajectories): manifests only, so ``check_before_training`` can refuse bad data before any long work, and the
+    data stream reads exactly the directories it checked."""
+    dirs = [t for p in paths for t in trajectory_dirs(p)]
+    for path in dirs:
+        found = read_manifest(path)["block_size"]
+        if found != block_size:
+            raise ConfigKeyError(f"data.block_size={block_size} but {path} holds blocks of {found}")
+    return dirs

@@ -27,13 +27,14 @@ from jf_jax.model.config import ModelConfig
 from jf_jax.model.params import Params, abstract_params, init_params
 from jf_jax.model.sharding import ShardingRules, make_mesh, tensor_split_problem
 from jf_jax.multihost import agree
-from jf_jax.training.config import ConfigKeyError, LoopSection, TrainConfig, config_from_dict
+from jf_jax.training.config import (ConfigKeyError, LoopSection, TrainConfig, checked_trajectory_dirs,
+                                    config_from_dict)
 from jf_jax.training.losses import LossConfig
 from jf_jax.training.packing import BatchStream, bucket_for, example_from_records, pack_example
 from jf_jax.training.state import OptimConfig, TrainState, make_optimizer, state_shardings
 from jf_jax.training.step import reference_params
 from jf_jax.training.synthetic import SyntheticRecorder, make_prompts
-from jf_jax.training.trajectories import collect, load_responses, read_manifest, trajectory_dirs
+from jf_jax.training.trajectories import collect, load_responses
 from jf_jax.weights import run_dir as rd
 
 T = TypeVar("T")
@@ -183,23 +184,11 @@ def _all_processes(step: str, work: Callable[[], T]) -> T:
     return result
 
 
-def checked_trajectory_dirs(paths: Sequence[str], block_size: int) -> list[str]:
-    """The trajectory directories ``paths`` stand for (``trajectories.trajectory_dirs``), each checked to hold a
-    manifest of blocks of ``block_size``: a cheap look at the manifests only, so a caller can refuse bad data
-    before any long work (raises ``TrajectoryFormatError`` / ``ConfigKeyError`` naming the directory)."""
-    dirs = [t for p in paths for t in trajectory_dirs(p)]
-    for path in dirs:
-        found = read_manifest(path)["block_size"]
-        if found != block_size:
-            raise ConfigKeyError(f"data.block_size={block_size} but {path} holds blocks of {found}")
-    return dirs
-
-
 def build_stream(tcfg: TrainConfig, run_dir: str, vocab_size: int, progress: bool = True) -> BatchStream:
     """Every process builds the same global batches (deterministic from the data and the seed); ``put_batch``
     then places each row on the devices of its data-parallel shard."""
     d = tcfg.data
-    paths = (d.path,) if isinstance(d.path, str) else tuple(d.path or ())
+    paths = d.paths
     if d.source == "synthetic":
         s = d.synthetic
         paths = (os.path.join(run_dir, rd.TRAJECTORY_DIR),)
