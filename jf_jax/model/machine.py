@@ -111,33 +111,30 @@ class Machine:
         return None if self.cpu_flags is None else {f: f in self.cpu_flags for f in CPU_FEATURES}
 
 
-def cpu_model(cpuinfo: str | None = None) -> str | None:
-    """The "model name" of /proc/cpuinfo (read here when not given); None when unknown."""
+def _cpuinfo_fields(cpuinfo: str | None) -> dict[str, str]:
+    """The first value of each field of /proc/cpuinfo's text (read here when not given; {} when unreadable)."""
     if cpuinfo is None:
         try:
             cpuinfo = pathlib.Path(library.CPUINFO).read_text()
         except OSError:
-            return None
+            return {}
+    fields: dict[str, str] = {}
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
-        if key.strip() == "model name":
-            return value.strip()
-    return None
+        fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def cpu_model(cpuinfo: str | None = None) -> str | None:
+    """The "model name" of /proc/cpuinfo (read here when not given); None when unknown."""
+    return _cpuinfo_fields(cpuinfo).get("model name")
 
 
 def cpu_kind(cpuinfo: str | None = None, cores: int | None = None) -> str:
     """This CPU as a measurement names it: its model name with family and model (one "AMD EPYC" covers several
     generations), its vector instruction set and its cores, e.g. "AMD EPYC (family 26, model 2, AVX-512 + BF16),
     2 cores"; "unknown CPU" where /proc/cpuinfo cannot be read."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = pathlib.Path(library.CPUINFO).read_text()
-        except OSError:
-            cpuinfo = ""
-    info = {}
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        info.setdefault(key.strip(), value.strip())
+    info = _cpuinfo_fields(cpuinfo)
     flags = set(info.get("flags", "").split())
     isa = ("AVX-512 + BF16" if "avx512_bf16" in flags else "AVX-512" if "avx512f" in flags
            else "AVX2" if "avx2" in flags else "no AVX2")
