@@ -187,22 +187,22 @@ def test_the_real_model_is_qwen2_0_5b_with_its_chat_template(qwen_packages):
 
 @pytest.mark.slow  # Qwen2.5-Coder-0.5B decoded on one and on two simulated devices (~1-2 min on a 2-core CPU)
 def test_the_decode_cli_on_a_tensor_mesh_gives_one_devices_tokens(qwen_packages, tmp_path):
-    """The 14 query and 2 KV heads split over ``--mesh tensor=2``: float32 ar, jacobi and mr give the tokens of the
-    same command on one device (prompts written here, not in the repository)."""
+    """The 14 query and 2 KV heads split over ``--mesh tensor=2``: float32 jacobi and mr give the sharded AR's tokens,
+    and that AR gives one device's (prompts written here, not in the repository). On one device, jacobi and mr
+    are held to AR on SmolLM2's real weights and the random test models, not run again on this model here."""
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("Write a Python function that merges two sorted lists.\n")
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu",
            "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
     reports = {}
-    for name, extra in (("mesh", ["--mesh", "tensor=2"]), ("one", [])):
+    for name, extra in (("mesh", ["--mesh", "tensor=2", "--methods", "ar,jacobi,mr"]), ("one", ["--methods", "ar"])):
         out = tmp_path / f"{name}.json"
         proc = subprocess.run([sys.executable, "-m", "jf_jax.decode", "--model", QWEN.name, "--prompts", str(prompts),
-                               "--dtype", "float32", "--methods", "ar,jacobi,mr", "--max-new-tokens", "8", "--json",
-                               str(out), *extra], env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
+                               "--dtype", "float32", "--max-new-tokens", "8", "--json", str(out), *extra], env=env,
+                              cwd=ROOT, capture_output=True, text=True, timeout=900)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
         runs = json.loads(out.read_text())["runs"]
         reports[name] = {m: [r["token_ids"] for r in runs if r["method"] == m] for m in ("ar", "jacobi", "mr")}
     assert all(len(ids) == 8 for ids in reports["one"]["ar"])
     assert reports["mesh"]["ar"] == reports["one"]["ar"]
     assert reports["mesh"]["jacobi"] == reports["mesh"]["mr"] == reports["mesh"]["ar"]
-    assert reports["one"]["jacobi"] == reports["one"]["mr"] == reports["one"]["ar"]

@@ -37,17 +37,18 @@ def test_sharded_decoding_equals_ar_and_one_device():
 
 @pytest.mark.slow  # the embedded SmolLM2-135M decoded on one and on three simulated devices (~40 s)
 def test_the_decode_cli_on_a_tensor_mesh_gives_one_devices_tokens(tmp_path):
-    """SmolLM2-135M's 9 query and 3 KV heads split over ``--mesh tensor=3``: float32 ar, jacobi and mr give the
-    tokens of the same command on one device (prompts written here, not in the repository)."""
+    """SmolLM2-135M's 9 query and 3 KV heads split over ``--mesh tensor=3``: float32 jacobi and mr give the sharded
+    AR's tokens, and that AR gives one device's (prompts written here, not in the repository; one device's jacobi
+    and mr are held to its AR by tests/test_real_smollm2_decoding.py)."""
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("def fibonacci(n):\nName three rivers in Europe.\n")
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=3", "JAX_PLATFORMS": "cpu",
            "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
     reports = {}
-    for name, extra in (("mesh", ["--mesh", "tensor=3"]), ("one", [])):
+    for name, extra in (("mesh", ["--mesh", "tensor=3", "--methods", "ar,jacobi,mr"]), ("one", ["--methods", "ar"])):
         out = tmp_path / f"{name}.json"
         proc = subprocess.run([sys.executable, "-m", "jf_jax.decode", "--prompts", str(prompts), "--dtype", "float32",
-                               "--methods", "ar,jacobi,mr", "--max-new-tokens", "16", "--json", str(out), *extra],
+                               "--max-new-tokens", "16", "--json", str(out), *extra],
                               env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
         runs = json.loads(out.read_text())["runs"]
