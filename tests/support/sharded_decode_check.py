@@ -53,9 +53,8 @@ def main():
     prompts = [rng.integers(0, CFG.vocab_size, n).tolist() for n in (5, 9, 3, 7)]
     report = {"devices": jax.device_count(), "meshes": {}}
     greedy, sampled = Sampling(), Sampling(temperature=0.8, top_k=20)
-    one = {"greedy": decode_all(view, prompts, None, greedy)["ar"],
-           "sampled": generate_ar(view, CFG, prompts, max_new_tokens=12, eos_ids=[], batch_size=4,
-                                  sampling=sampled, seed=3).token_ids}
+    one = {name: generate_ar(view, CFG, prompts, max_new_tokens=12, eos_ids=[], batch_size=4, sampling=sampling,
+                             seed=3).token_ids for name, sampling in (("greedy", greedy), ("sampled", sampled))}
     for shape in MESHES:
         mesh = make_mesh(shape[0], shape[1], tensor=shape[2])
         placed = place_params(mesh, view, CFG)
