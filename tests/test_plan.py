@@ -139,12 +139,11 @@ def test_plans_on_8_devices_and_the_train_step_memory_of_a_real_run(tmp_path):
     for part in ("params", "optimizer", "reference", "batch"):
         assert abs(planned["parts"][part] - real["inputs"][part]) <= 0.15 * real["inputs"][part], (part, report)
     assert abs(planned["peak_bytes"] - real["executable_total"]) <= 0.01 * real["executable_total"], (planned, real)
-    # The resident rise carries what XLA:CPU's runtime allocates beside the buffer assignment (its collectives'
-    # buffers among them), and samples noisily: the plan was 15-18% under it once activations were kept split by
-    # rows (7% before, with twice the temporaries). The issue's 15% target is reported, not hidden, in
-    # docs/plan.md; this bound catches a plan that loses whole buffers.
+    # The resident rise: what the step really allocated. The plan and the real step are compiled alike
+    # (``plan.compiler_options``: without YNNPACK's multi-op fusions, whose intermediates YNNPACK allocates outside
+    # XLA's buffer assignment), so nothing is left outside the plan but the sampler's noise.
     resident = real["resident_total"]
-    assert abs(planned["peak_bytes"] - resident) <= 0.25 * resident, (planned, real)
+    assert abs(planned["peak_bytes"] - resident) <= 0.03 * resident, (planned, real)
     assert all(report["placement"].values()), report["placement"]
 
 

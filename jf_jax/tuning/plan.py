@@ -33,6 +33,7 @@ import numpy as np
 
 from jf_jax.decoding import placement
 from jf_jax.model.config import ModelConfig
+from jf_jax.model.decode_jit import COMPILER_OPTIONS
 from jf_jax.model.sharding import BATCH_AXES, ShardingRules, make_mesh, mesh_problem, tensor_split_problem
 from jf_jax.tuning.hlo_stats import HloStats, hlo_stats
 
@@ -41,6 +42,17 @@ ACCELERATOR = "gpu"
 """The platform the decode steps are built for (``model.transformer.forward``'s ``platform``). GPUs and TPUs build
 them alike (no ``cpu_kernels``, bfloat16 dots untiled, ``model.weight_matmul.dot_rows``), so one serves every
 target; a CPU's row tiles would be loops that also split the rows a mesh spreads."""
+
+
+def compiler_options() -> dict | None:
+    """XLA options every planned program is compiled with on this process's backend: the decode programs' own
+    (``decode_jit.COMPILER_OPTIONS``), for the train step too. XLA:CPU's default YNNPACK fusions (elementwise,
+    reduce and dot + elementwise subgraphs) keep their intermediates in buffers YNNPACK allocates itself, outside
+    XLA's buffer assignment, which ``memory_analysis()`` reads and so misses them (tens to hundreds of MB per device
+    for a small model's train step, growing with the rows: results/studies/plan_7b/, section 4). Restricted to
+    individual dots, every buffer is XLA's; an accelerator has no YNNPACK, so its programs are planned from XLA's
+    own fusions either way."""
+    return COMPILER_OPTIONS.get(jax.default_backend())
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -170,9 +182,10 @@ class CompiledProgram:
 
 
 def compile_program(name: str, lowered_fn, parts: dict[str, object]) -> CompiledProgram:
-    """Compiles ``lowered_fn()`` (a ``Lowered``) and reads its analyses; ``parts``: name -> abstract inputs."""
+    """Compiles ``lowered_fn()`` (a ``Lowered``) with ``compiler_options()`` and reads its analyses; ``parts``: name ->
+    abstract inputs."""
     start = time.perf_counter()
-    compiled = lowered_fn().compile()
+    compiled = lowered_fn().compile(compiler_options())
     seconds = time.perf_counter() - start
     m = compiled.memory_analysis()
     cost = compiled.cost_analysis()

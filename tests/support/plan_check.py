@@ -105,7 +105,9 @@ def real_step(cfg, mesh_shape: plan.MeshShape, train: plan.TrainShape) -> dict:
     step = make_train_step(model, loss, optim, 1000, mesh, ShardingRules(), shardings, reference=reference)
     inputs = dict(params=device0_bytes(state.params), optimizer=device0_bytes((state.opt_state, state.step)),
                   reference=device0_bytes(reference), batch=device0_bytes(batch))
-    compiled = step.lower(state, batch, reference).compile()
+    # compiled as the plan compiles it (``plan.compiler_options``: no YNNPACK fusions, whose intermediates would be
+    # resident memory outside the buffer assignment the plan reads)
+    compiled = step.lower(state, batch, reference).compile(plan.compiler_options())
     m = compiled.memory_analysis()
     holder = {"state": state}
 
