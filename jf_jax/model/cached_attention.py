@@ -123,13 +123,15 @@ _TOKENS = (ROWS, None, HEADS, None)
 [Bc, S, K, Dh]: rows over the batch axes, heads over ``tensor``."""
 
 
-def _kernel_per_device(kernel, q, k_new, v_new, new_valid, cache_k, cache_v, lengths, cache_layout, out_layouts):
-    """``kernel(q, k_new, v_new, new_valid, cache_k, cache_v, lengths)``, a CPU decode-attention kernel, run by each
-    device on its own rows and heads under the mesh the program is traced under (``sharding.per_device``; as it is
-    outside one). A query row reads only its cache row and a query head only its KV head, so nothing is gathered
-    (XLA cannot partition the call, and would gather the whole cache around it); rows are split only where the query
-    rows B and the cache rows Bc both divide, which keeps each query row on its cache row's device. Caches the kernel
-    returns aliased stay aliased, each device's block to its own input."""
+def _per_device(kernel, q, k_new, v_new, new_valid, cache_k, cache_v, lengths, cache_layout, out_layouts):
+    """``kernel(q, k_new, v_new, new_valid, cache_k, cache_v, lengths)``, a decode attention (a CPU kernel or the
+    plain-JAX one), run by each device on its own rows and heads under the mesh the program is traced under
+    (``sharding.per_device``; as it is outside one). A query row reads only its cache row and a query head only its
+    KV head, so nothing moves between devices: XLA cannot partition a kernel's call and would gather the whole cache
+    around it, and it partitions the plain-JAX attention's per-row gathers from a row-split cache into all-reduces
+    and collective-permutes of the cache. Rows are split only where the query rows B and the cache rows Bc both
+    divide, which keeps each query row on its cache row's device. Caches a kernel returns aliased stay aliased,
+    each device's block to its own input."""
     lengths = jnp.broadcast_to(jnp.asarray(lengths, jnp.int32), cache_k.shape[-4:-3])  # [Bc]: one per cache row
     layouts = (_TOKENS, _TOKENS, _TOKENS, (ROWS, None), cache_layout, cache_layout, (ROWS,))
     return per_device(kernel, (q, k_new, v_new, new_valid, cache_k, cache_v, lengths), layouts, out_layouts)
@@ -149,8 +151,8 @@ def layer_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths, layer
     if (use_kernel and not whole_cache and _kernel_runs(q.shape[-1], q.dtype) and cache_k.dtype == q.dtype
             and cache_v.dtype == q.dtype):
         kernel = functools.partial(cpu_kernels.decode_attention_in_cache, layer=layer)
-        out, cache_k, cache_v = _kernel_per_device(kernel, q, k_new, v_new, new_valid, cache_k, cache_v, lengths,
-                                                   CACHE_LAYOUT, (_TOKENS, CACHE_LAYOUT, CACHE_LAYOUT))
+        out, cache_k, cache_v = _per_device(kernel, q, k_new, v_new, new_valid, cache_k, cache_v, lengths,
+                                            CACHE_LAYOUT, (_TOKENS, CACHE_LAYOUT, CACHE_LAYOUT))
         return out.astype(q.dtype), cache_k, cache_v
     args = (q, k_new, v_new, new_valid, cache_k[layer], cache_v[layer], lengths)
     out = whole_cache_attention(*args) if whole_cache else cached_attention(*args, use_kernel=use_kernel)
@@ -169,15 +171,21 @@ def cached_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths, *, c
 
     On CPUs where ``cpu_kernels`` run (and ``use_kernel``), the same semantics come from
     ``cpu_kernels.decode_attention``, also batch-invariant by construction (blocks of 8 keys, online softmax):
-    the code below is then its plain-JAX twin, which every other backend runs.
+    ``_cached_attention_rows`` is then its plain-JAX twin, which every other backend runs. On a mesh either runs on
+    each device's own rows and heads.
     """
-    B, T, H, Dh = q.shape
-    Bc, S, K, _ = cache_k.shape
+    B, Bc, Dh = q.shape[0], cache_k.shape[0], q.shape[-1]
     if Bc < 1 or B % Bc:
         raise ValueError(f"cache has {Bc} rows for {B} query rows (expected a divisor of {B})")
-    if use_kernel and _kernel_runs(Dh, q.dtype):
-        return _kernel_per_device(cpu_kernels.decode_attention, q, k_new, v_new, new_valid, cache_k, cache_v,
-                                  lengths, _TOKENS, _TOKENS).astype(q.dtype)
+    kernel = (cpu_kernels.decode_attention if use_kernel and _kernel_runs(Dh, q.dtype)
+              else functools.partial(_cached_attention_rows, chunk=chunk))
+    return _per_device(kernel, q, k_new, v_new, new_valid, cache_k, cache_v, lengths, _TOKENS, _TOKENS).astype(q.dtype)
+
+
+def _cached_attention_rows(q, k_new, v_new, new_valid, cache_k, cache_v, lengths, *, chunk: int):
+    """``cached_attention``'s plain-JAX computation, on the rows and heads it is given (one device's, on a mesh)."""
+    B, T, H, Dh = q.shape
+    Bc, S, K, _ = cache_k.shape
     shared = Bc == 1 and B > 1
     G = H // K
     scale = 1.0 / math.sqrt(Dh)
@@ -249,12 +257,20 @@ def whole_cache_attention(q, k_new, v_new, new_valid, cache_k, cache_v, lengths)
     reduction sees the same operands in the same positions, with exact zeros where a slot is invisible, and a
     backend's kernels (chosen by shape) give the token the same bits in any method. It reads the whole cache every
     forward (no prefix-length switch), which costs little where the weights, not the cache, bound a step.
-    Shapes as ``cached_attention``; requires ``lengths + T <= S``.
+    Shapes as ``cached_attention``; requires ``lengths + T <= S``. On a mesh it runs on each device's own rows and
+    heads, as ``cached_attention`` does.
     """
-    B, T, H, Dh = q.shape
-    Bc, S, K, _ = cache_k.shape
+    B, Bc = q.shape[0], cache_k.shape[0]
     if Bc < 1 or B % Bc:
         raise ValueError(f"cache has {Bc} rows for {B} query rows (expected a divisor of {B})")
+    return _per_device(_whole_cache_attention_rows, q, k_new, v_new, new_valid, cache_k, cache_v, lengths, _TOKENS,
+                       _TOKENS)
+
+
+def _whole_cache_attention_rows(q, k_new, v_new, new_valid, cache_k, cache_v, lengths):
+    """``whole_cache_attention``'s computation, on the rows and heads it is given (one device's, on a mesh)."""
+    B, T, H, Dh = q.shape
+    Bc, S, K, _ = cache_k.shape
     G = H // K
     cache_rows = jnp.arange(B) // (B // Bc)
     row_len = jnp.broadcast_to(jnp.asarray(lengths, jnp.int32), (Bc,))[cache_rows]  # [B]

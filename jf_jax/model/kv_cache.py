@@ -64,14 +64,15 @@ class KVCache:
         Where the CPU kernels run (and ``use_kernel``: False in a program built for another platform), the write is
         ``cpu_kernels.write_cache`` (same result): XLA:CPU computes a 16-bit float ``dynamic_update_slice`` as a
         float32 pass over the whole cache, at every decode step. On a mesh each device writes its own rows and KV
-        heads (``write_per_device``).
+        heads, with either (``write_per_device``, ``write_rows_per_device``).
         """
         if k_block.shape[1] != self.batch_size or v_block.shape[1] != self.batch_size:
             raise ValueError(f"KVCache.write: blocks of {k_block.shape[1]} rows for a cache of {self.batch_size}")
         def write(cache, block):
             if not (use_kernel and cpu_kernels.cache_write_available()):
-                return write_rows(cache, block, self.lengths)
-            return jax.lax.platform_dependent(cache, block, self.lengths, cpu=write_per_device, default=write_rows)
+                return write_rows_per_device(cache, block, self.lengths)
+            return jax.lax.platform_dependent(cache, block, self.lengths, cpu=write_per_device,
+                                              default=write_rows_per_device)
 
         return dataclasses.replace(self, k=write(self.k, k_block), v=write(self.v, v_block))
 
@@ -92,6 +93,13 @@ def write_rows(cache, block, lengths):
     for b in range(cache.shape[1]):
         cache = jax.lax.dynamic_update_slice(cache, block[:, b:b + 1], (0, b, lengths[b], 0, 0))
     return cache
+
+
+def write_rows_per_device(cache, block, lengths):
+    """``write_rows`` run by each device on its own rows and KV heads (``sharding.per_device``) under the mesh the
+    program is traced under: left to XLA, a row's update of a row-split cache (a slice at a row index it cannot see
+    is local) becomes collectives over the whole cache; each device's own rows are written in place."""
+    return per_device(write_rows, (cache, block, lengths), (LAYOUT, LAYOUT, (ROWS,)), LAYOUT)
 
 
 def write_per_device(cache, block, lengths):

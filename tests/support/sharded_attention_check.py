@@ -18,11 +18,12 @@ the operand shapes of each ``tpu_custom_call`` (each device's rows and heads), a
 with the ``libtpu`` package importable, the same program compiled for an 8-chip TPU v5e slice and its all-gathers.
 
 ``decode``: no decoder runs a Pallas kernel (decode attention is ``model.cached_attention``, plain JAX, off the
-CPU). The planner's decode steps on each mesh, built for an accelerator and for this CPU (where the CPU kernels'
-cache write and decode attention, custom calls XLA cannot partition, run per device under the mesh the step is
-traced under: ``sharding.per_device``): the bytes each gathers, against one layer's whole KV cache, and for the
-CPU's step the kernels it calls and its per-device computations; with libtpu importable, also the step built for a
-TPU and compiled for a TPU v5e slice.
+CPU). The planner's decode steps on each mesh, built for an accelerator and for this CPU (either way the cache write
+and the decode attention, the CPU kernels' custom calls or their plain-JAX twins, run per device under the mesh the
+step is traced under: ``sharding.per_device``): the bytes of each kind of collective, against one layer's whole KV
+cache, and for the CPU's step the kernels it calls and its per-device computations; the accelerator's step on a
+mesh that splits rows alone; with libtpu importable, also the step built for a TPU and compiled for a TPU v5e
+slice.
 """
 
 import importlib.util
@@ -239,6 +240,7 @@ def decode_programs() -> dict:
             for platform in (plan.ACCELERATOR, "cpu"):
                 program = plan.compile_decode(model_cfg, mesh, decode, tokens, platform=platform)
                 record = {"all_gather_bytes": program.hlo.collective_bytes["all-gather"],
+                          "collective_bytes": dict(program.hlo.collective_bytes),
                           "kv_cache_bytes_per_device": program.parts["kv_cache"]}
                 if platform == "cpu":
                     record.update(cpu_kernel_calls(model_cfg, mesh, decode, tokens))
@@ -251,6 +253,11 @@ def decode_programs() -> dict:
                     view, ids, cache).lower(lowering_platforms=("tpu",)).compile()
                 report[f"tpu-compiled {'x'.join(map(str, shape))} {tokens}"] = {
                     "all_gather_bytes": hlo_stats(compiled.as_text()).collective_bytes["all-gather"]}
+    for tokens in (1, 4):  # rows alone split (over data): every row and its cache are one device's
+        program = plan.compile_decode(model_cfg, plan.MeshShape(data=4), decode, tokens)
+        report[f"{plan.ACCELERATOR} 4x1x1 {tokens}"] = {
+            "all_gather_bytes": program.hlo.collective_bytes["all-gather"],
+            "collective_bytes": dict(program.hlo.collective_bytes)}
     return report
 
 
