@@ -9,6 +9,7 @@ overwrites them. Nothing is ever copied to roll back, which is what Jacobi decod
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -64,15 +65,17 @@ class KVCache:
         Where the CPU kernels run (and ``use_kernel``: False in a program built for another platform), the write is
         ``cpu_kernels.write_cache`` (same result): XLA:CPU computes a 16-bit float ``dynamic_update_slice`` as a
         float32 pass over the whole cache, at every decode step. On a mesh each device writes its own rows and KV
-        heads, with either (``write_per_device``, ``write_rows_per_device``).
+        heads, with either (``write_per_device``).
         """
         if k_block.shape[1] != self.batch_size or v_block.shape[1] != self.batch_size:
             raise ValueError(f"KVCache.write: blocks of {k_block.shape[1]} rows for a cache of {self.batch_size}")
+        by_rows = functools.partial(write_per_device, write_rows)
+
         def write(cache, block):
             if not (use_kernel and cpu_kernels.cache_write_available()):
-                return write_rows_per_device(cache, block, self.lengths)
-            return jax.lax.platform_dependent(cache, block, self.lengths, cpu=write_per_device,
-                                              default=write_rows_per_device)
+                return by_rows(cache, block, self.lengths)
+            return jax.lax.platform_dependent(cache, block, self.lengths, default=by_rows,
+                                              cpu=functools.partial(write_per_device, cpu_kernels.write_cache))
 
         return dataclasses.replace(self, k=write(self.k, k_block), v=write(self.v, v_block))
 
@@ -95,16 +98,10 @@ def write_rows(cache, block, lengths):
     return cache
 
 
-def write_rows_per_device(cache, block, lengths):
-    """``write_rows`` run by each device on its own rows and KV heads (``sharding.per_device``) under the mesh the
-    program is traced under: left to XLA, a row's update of a row-split cache (a slice at a row index it cannot see
-    is local) becomes collectives over the whole cache; each device's own rows are written in place."""
-    return per_device(write_rows, (cache, block, lengths), (LAYOUT, LAYOUT, (ROWS,)), LAYOUT)
-
-
-def write_per_device(cache, block, lengths):
-    """``cpu_kernels.write_cache`` run by each device on its own rows and KV heads (``sharding.per_device``) under
-    the mesh the program is traced under: a row's write touches only its own slots, so nothing is gathered (XLA
-    cannot partition the call, and would gather the whole cache around it), and each device's block is written in
-    place, as the kernel writes the whole cache off a mesh."""
-    return per_device(cpu_kernels.write_cache, (cache, block, lengths), (LAYOUT, LAYOUT, (ROWS,)), LAYOUT)
+def write_per_device(write, cache, block, lengths):
+    """``write(cache, block, lengths)`` (``write_rows`` or its kernel, ``cpu_kernels.write_cache``) run by each device
+    on its own rows and KV heads (``sharding.per_device``) under the mesh the program is traced under: a row's write
+    touches only its own slots, so nothing moves between devices (XLA cannot partition the kernel's call and would
+    gather the whole cache around it, and it partitions ``write_rows``'s per-row updates of a row-split cache into
+    collectives over the whole cache), and each device's block is written in place."""
+    return per_device(write, (cache, block, lengths), (LAYOUT, LAYOUT, (ROWS,)), LAYOUT)
